@@ -1,0 +1,84 @@
+"""The steady-state heartbeat in one SQL statement, without the group lock (PostgreSQL only).
+
+A heartbeat of a STABLE member at the current assignment and metadata epochs, reporting no
+revocations or drains and claiming only shards it is granted, changes nothing but liveness:
+the core would answer OK with its granted shards (R3, R4, R6 with nothing to do). This
+statement checks exactly those conditions and stamps last-seen; if any fails it returns no
+row and the caller takes the locked path, where the core decides. Anything that changes a
+member's ownership either changes its row (status, epoch) or raises the group's
+assignmentEpoch, so a matching row proves the cached answer is still the core's answer.
+It runs on the "liveness" connection (synchronous_commit=off): a lost last-seen stamp in a
+crash is harmless, and fsync stalls would otherwise gate every heartbeat.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connections
+
+from coordination.model import HeartbeatRequest
+
+_SQL = """
+UPDATE members_member AS m
+   SET last_heartbeat_at = %(now)s,
+       last_reported_owned = COALESCE(%(owned_json)s::jsonb, m.last_reported_owned)
+  FROM groups_group AS g
+ WHERE g.name = %(group)s
+   AND m.group_id = g.id
+   AND m.member_id = %(member)s
+   AND m.status = 'STABLE'
+   AND m.member_epoch = %(epoch)s
+   AND g.assignment_epoch = m.member_epoch
+   AND g.metadata_epoch = %(metadata_epoch)s
+   AND (%(owned)s::text[] IS NULL OR %(owned)s::text[] <@ ARRAY(
+         SELECT s.shard_id FROM assignments_shardassignment a
+           JOIN groups_shard s ON s.id = a.shard_id
+          WHERE a.owner_id = m.id AND NOT a.revoking))
+RETURNING g.assignment_epoch, g.heartbeat_interval_ms, g.metadata_epoch, ARRAY(
+         SELECT s.shard_id FROM assignments_shardassignment a
+           JOIN groups_shard s ON s.id = a.shard_id
+          WHERE a.owner_id = m.id AND NOT a.revoking
+          ORDER BY s.version_id, s.index)
+"""
+
+
+@dataclass(frozen=True)
+class SteadyAnswer:
+    assignment_epoch: int
+    heartbeat_interval_ms: int
+    metadata_epoch: int
+    assigned: tuple[str, ...]
+
+
+def available() -> bool:
+    return "liveness" in connections.databases
+
+
+def eligible(req: HeartbeatRequest) -> bool:
+    return (
+        req.member_epoch > 0
+        and req.metadata_epoch is not None
+        and not req.revoking_shards
+        and not req.drained_shards
+    )
+
+
+def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
+    owned = list(req.owned_shards) if req.owned_shards is not None else None
+    params = {
+        "now": now,
+        "group": group,
+        "member": req.member_id,
+        "epoch": req.member_epoch,
+        "metadata_epoch": req.metadata_epoch,
+        "owned": owned,
+        "owned_json": json.dumps(sorted(owned)) if owned is not None else None,
+    }
+    with connections["liveness"].cursor() as cursor:
+        cursor.execute(_SQL, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return SteadyAnswer(row[0], row[1], row[2], tuple(row[3]))

@@ -1,0 +1,34 @@
+"""One row per (group, shard): its target member, current owner and grant epoch.
+
+Owner and revoking live in the same row, and (group, shard) is unique, so the database
+itself forbids two members owning or revoking one shard of a group (R9).
+"""
+from __future__ import annotations
+
+from django.db import models
+
+
+class ShardAssignment(models.Model):
+    group = models.ForeignKey("groups.Group", on_delete=models.CASCADE, related_name="shard_assignments")
+    shard = models.ForeignKey("groups.Shard", on_delete=models.CASCADE, related_name="assignments")
+    target = models.ForeignKey(
+        "members.Member", null=True, blank=True, on_delete=models.PROTECT, related_name="target_shards"
+    )
+    owner = models.ForeignKey(
+        "members.Member", null=True, blank=True, on_delete=models.PROTECT, related_name="owned_shards"
+    )
+    revoking = models.BooleanField(default=False)
+    grant_epoch = models.PositiveIntegerField(default=0, editable=False)
+    drained_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["group", "shard"], name="r9_one_owner_per_shard"),
+            models.CheckConstraint(
+                condition=models.Q(revoking=False) | models.Q(owner__isnull=False),
+                name="revoking_needs_owner",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.group_id}/{self.shard_id}"

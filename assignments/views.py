@@ -1,0 +1,42 @@
+"""POST /api/v1/groups/{group}/heartbeat."""
+from __future__ import annotations
+
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from assignments import services
+from assignments.serializers import HeartbeatRequestSerializer, HeartbeatResponseSerializer
+from groups.api_errors import error_body
+from groups.auth import require_scope
+from groups.services import KeyScope
+
+
+def authorize_group(request: Request, group: str) -> Response | None:
+    """401 without a key, 404 for no such group, 403 for another group's key."""
+    scope: KeyScope = require_scope(request)
+    if scope.group == group:
+        return None
+    if not services.group_exists(group):
+        return Response(error_body("GROUP_ID_NOT_FOUND", f"group {group!r} does not exist"), 404)
+    return Response(
+        error_body("AUTHORIZATION_FAILED", f"this API key does not grant access to group {group!r}"), 403
+    )
+
+
+class HeartbeatView(APIView):
+    @extend_schema(
+        request=HeartbeatRequestSerializer,
+        responses={code: OpenApiResponse(HeartbeatResponseSerializer) for code in (200, 400, 401, 403, 404, 409)},
+        summary="Member heartbeat: join (epoch 0), leave (-1), or regular (>0)",
+    )
+    def post(self, request: Request, group: str) -> Response:
+        refused = authorize_group(request, group)
+        if refused is not None:
+            return refused
+        serializer = HeartbeatRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        result = services.heartbeat(group, serializer.to_core(), timezone.now())
+        return Response(services.response_body(result), status=result.response.http_status)

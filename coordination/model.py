@@ -1,0 +1,269 @@
+"""Plain dataclasses the protocol core works on.
+
+`GroupState` is one group's snapshot as the shell loaded it (under the group's lock). The
+engine mutates it only through the methods below, which keep the per-member indexes right
+and record what changed in `Changes`, so the shell persists exactly the dirty rows.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    NONE = "NONE"
+    INVALID_REQUEST = "INVALID_REQUEST"
+    GROUP_ID_NOT_FOUND = "GROUP_ID_NOT_FOUND"
+    UNKNOWN_MEMBER_ID = "UNKNOWN_MEMBER_ID"
+    FENCED_MEMBER_EPOCH = "FENCED_MEMBER_EPOCH"
+    GROUP_MAX_SIZE_REACHED = "GROUP_MAX_SIZE_REACHED"
+
+
+# PROTOCOL.md §3 status table.
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.NONE: 200,
+    ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.GROUP_ID_NOT_FOUND: 404,
+    ErrorCode.UNKNOWN_MEMBER_ID: 409,
+    ErrorCode.FENCED_MEMBER_EPOCH: 409,
+    ErrorCode.GROUP_MAX_SIZE_REACHED: 409,
+}
+
+
+class Status(StrEnum):
+    OK = "OK"
+    SYNC_METADATA = "SYNC_METADATA"
+    REVOKE_PENDING = "REVOKE_PENDING"
+
+
+class MemberStatus(StrEnum):
+    # Live members.
+    STABLE = "STABLE"  # reconciled: epoch == assignmentEpoch, target fully granted
+    REVOKING = "REVOKING"  # owes REVOKED for shards that left its target
+    PENDING = "PENDING"  # waits for target shards still held by others (or not yet synced)
+    # Tombstones, kept so the next heartbeat gets the right error (R8, L1).
+    LEFT = "LEFT"
+    EXPIRED = "EXPIRED"
+    FENCED = "FENCED"
+
+
+LIVE_STATUSES = frozenset({MemberStatus.STABLE, MemberStatus.REVOKING, MemberStatus.PENDING})
+
+
+class RevokeState(StrEnum):
+    REVOKING = "REVOKING"
+    REVOKED = "REVOKED"
+
+
+class GroupPhase(StrEnum):
+    EMPTY = "EMPTY"
+    ASSIGNING = "ASSIGNING"
+    RECONCILING = "RECONCILING"
+    STABLE = "STABLE"
+
+
+MEMBER_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+SHARD_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}:\d{1,9}:\d{1,9}$")
+
+
+def shard_sort_key(shard_id: str) -> tuple[str, int, int]:
+    """Natural order: orders:3:10 after orders:3:9."""
+    stream, version, index = shard_id.rsplit(":", 2)
+    return (stream, int(version), int(index))
+
+
+@dataclass(frozen=True)
+class RevokeReport:
+    shard: str
+    state: RevokeState
+
+
+@dataclass(frozen=True)
+class HeartbeatRequest:
+    member_id: str
+    member_epoch: int
+    metadata_epoch: int | None = None
+    client_id: str = ""
+    rebalance_timeout_ms: int | None = None
+    owned_shards: tuple[str, ...] | None = None  # None: unchanged since last accepted
+    revoking_shards: tuple[RevokeReport, ...] = ()
+    drained_shards: tuple[str, ...] = ()
+
+
+@dataclass
+class Member:
+    member_id: str
+    status: MemberStatus
+    member_epoch: int = 0
+    previous_member_epoch: int = 0
+    client_id: str = ""
+    rebalance_timeout_ms: int = 60_000
+    joined_at: datetime | None = None
+    last_heartbeat_at: datetime | None = None
+    revocation_deadline: datetime | None = None
+    last_reported_owned: tuple[str, ...] = ()
+    fenced_reason: str = ""
+    fenced_by: str = ""
+
+    @property
+    def live(self) -> bool:
+        return self.status in LIVE_STATUSES
+
+
+@dataclass
+class ShardSlot:
+    """One shard as one group sees it: target member, current owner, grant epoch, drain."""
+
+    shard_id: str
+    parents: tuple[str, ...] = ()
+    sealed: bool = False  # its version's seal markers are written (§6 step 2)
+    owner: str | None = None
+    revoking: bool = False
+    grant_epoch: int = 0  # last epoch this shard was granted at; only rises (fencing token)
+    target: str | None = None
+    drained: bool = False
+
+
+@dataclass
+class Event:
+    kind: str  # joined, rejoined, left, expired, fenced, rebalanced, drained
+    member_id: str = ""
+    group_epoch: int = 0
+    member_epoch: int | None = None
+    detail: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class Changes:
+    group: bool = False
+    members: set[str] = field(default_factory=set)
+    shards: set[str] = field(default_factory=set)
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.group or self.members or self.shards or self.events)
+
+
+@dataclass
+class GroupState:
+    name: str
+    stream: str
+    group_epoch: int = 1
+    assignment_epoch: int = 1
+    metadata_epoch: int = 1
+    max_members: int = 1000
+    heartbeat_interval_ms: int = 3000
+    session_timeout_ms: int = 30_000
+    rebalance_timeout_ms: int = 60_000
+    members: dict[str, Member] = field(default_factory=dict)
+    shards: dict[str, ShardSlot] = field(default_factory=dict)
+    changes: Changes = field(default_factory=Changes)
+
+    def __post_init__(self) -> None:
+        self._granted: dict[str, set[str]] = {}
+        self._revoking: dict[str, set[str]] = {}
+        self._target: dict[str, set[str]] = {}
+        for slot in self.shards.values():
+            self._index(slot)
+
+    # -- indexes ---------------------------------------------------------------------------
+    def _index(self, slot: ShardSlot) -> None:
+        if slot.owner is not None:
+            bucket = self._revoking if slot.revoking else self._granted
+            bucket.setdefault(slot.owner, set()).add(slot.shard_id)
+        if slot.target is not None:
+            self._target.setdefault(slot.target, set()).add(slot.shard_id)
+
+    def _unindex(self, slot: ShardSlot) -> None:
+        if slot.owner is not None:
+            bucket = self._revoking if slot.revoking else self._granted
+            bucket.get(slot.owner, set()).discard(slot.shard_id)
+        if slot.target is not None:
+            self._target.get(slot.target, set()).discard(slot.shard_id)
+
+    def granted_to(self, member_id: str) -> set[str]:
+        return self._granted.get(member_id, set())
+
+    def revoking_from(self, member_id: str) -> set[str]:
+        return self._revoking.get(member_id, set())
+
+    def held_by(self, member_id: str) -> set[str]:
+        return self.granted_to(member_id) | self.revoking_from(member_id)
+
+    def target_of(self, member_id: str) -> set[str]:
+        return self._target.get(member_id, set())
+
+    def live_members(self) -> list[Member]:
+        return [m for m in self.members.values() if m.live]
+
+    # -- mutations (the only writers of slots) ---------------------------------------------
+    def _mutate_slot(self, shard_id: str, **values: object) -> None:
+        slot = self.shards[shard_id]
+        self._unindex(slot)
+        for name, value in values.items():
+            setattr(slot, name, value)
+        self._index(slot)
+        self.changes.shards.add(shard_id)
+
+    def grant(self, shard_id: str, member_id: str, epoch: int) -> None:
+        self._mutate_slot(shard_id, owner=member_id, revoking=False, grant_epoch=epoch)
+
+    def start_revoke(self, shard_id: str) -> None:
+        self._mutate_slot(shard_id, revoking=True)
+
+    def release(self, shard_id: str) -> None:
+        self._mutate_slot(shard_id, owner=None, revoking=False)
+
+    def set_target(self, shard_id: str, member_id: str | None) -> None:
+        self._mutate_slot(shard_id, target=member_id)
+
+    def mark_drained(self, shard_id: str) -> None:
+        self._mutate_slot(shard_id, drained=True)
+
+    def touch_member(self, member: Member) -> None:
+        self.changes.members.add(member.member_id)
+
+    def touch_group(self) -> None:
+        self.changes.group = True
+
+    def emit(self, kind: str, member: Member | None = None, **detail: object) -> None:
+        self.changes.events.append(
+            Event(
+                kind=kind,
+                member_id=member.member_id if member else "",
+                group_epoch=self.group_epoch,
+                member_epoch=member.member_epoch if member else None,
+                detail=dict(detail),
+            )
+        )
+
+
+@dataclass(frozen=True)
+class Assignment:
+    assigned: tuple[str, ...] = ()
+    pending: tuple[str, ...] = ()
+    revoking: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HeartbeatResponse:
+    error_code: ErrorCode
+    error_message: str | None = None
+    status: Status | None = None
+    member_id: str | None = None
+    member_epoch: int | None = None
+    assignment_epoch: int | None = None
+    heartbeat_interval_ms: int | None = None
+    assignment: Assignment | None = None
+    full_metadata: bool = False  # the shell attaches the full metadata document
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS[self.error_code]
+
+
+def deadline(now: datetime, ms: int) -> datetime:
+    return now + timedelta(milliseconds=ms)

@@ -1,0 +1,4 @@
+"""Redis Stream Coordinator: Django project package."""
+from .celery import app as celery_app
+
+__all__ = ["celery_app"]

@@ -1,0 +1,17 @@
+from django.contrib import admin
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from assignments.views import HeartbeatView
+from coordinator_project import views
+from groups.views import DescribeGroupView
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/groups/<str:group>/heartbeat", HeartbeatView.as_view(), name="heartbeat"),
+    path("api/v1/groups/<str:group>", DescribeGroupView.as_view(), name="describe-group"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.readyz, name="readyz"),
+]

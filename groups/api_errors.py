@@ -1,0 +1,74 @@
+"""Every API error as the protocol's error body: errorCode, errorMessage, never a 500 page."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+log = logging.getLogger(__name__)
+
+AUTHENTICATION_FAILED = "AUTHENTICATION_FAILED"
+AUTHORIZATION_FAILED = "AUTHORIZATION_FAILED"
+
+
+def error_body(code: str, message: str, member_id: str | None = None) -> dict[str, Any]:
+    return {
+        "errorCode": code,
+        "errorMessage": message,
+        "status": None,
+        "memberId": member_id,
+        "memberEpoch": None,
+        "assignmentEpoch": None,
+        "heartbeatIntervalMs": None,
+        "assignment": None,
+        "metadata": None,
+    }
+
+
+def flatten_errors(detail: Any, path: str = "") -> list[str]:
+    """DRF's nested error dict → ["revokingShards[0].state: ...", ...]."""
+    if isinstance(detail, dict):
+        out: list[str] = []
+        for key, value in detail.items():
+            if key == "non_field_errors":
+                sub = path
+            elif isinstance(key, int) or str(key).isdigit():
+                sub = f"{path}[{key}]"
+            else:
+                sub = f"{path}.{key}" if path else str(key)
+            out.extend(flatten_errors(value, sub))
+        return out
+    if isinstance(detail, list):
+        out = []
+        for item in detail:
+            out.extend(flatten_errors(item, path))
+        return out
+    return [f"{path or 'body'}: {detail}"]
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, exceptions.ParseError):
+        return Response(error_body("INVALID_REQUEST", f"body: not valid JSON ({exc.detail})"), 400)
+    if isinstance(exc, exceptions.UnsupportedMediaType):
+        return Response(error_body("INVALID_REQUEST", f"body: {exc.detail}"), 415)
+    if isinstance(exc, exceptions.ValidationError):
+        return Response(error_body("INVALID_REQUEST", "; ".join(flatten_errors(exc.detail))), 400)
+    if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
+        response = Response(error_body(AUTHENTICATION_FAILED, str(exc.detail)), 401)
+        response["WWW-Authenticate"] = "Bearer"
+        return response
+    if isinstance(exc, exceptions.PermissionDenied):
+        return Response(error_body(AUTHORIZATION_FAILED, str(exc.detail)), 403)
+    response = drf_exception_handler(exc, context)
+    if response is not None:
+        code = "INVALID_REQUEST" if response.status_code < 500 else "INTERNAL_ERROR"
+        response.data = error_body(code, str(getattr(exc, "detail", exc)))
+        return response
+    log.exception("unhandled API error", exc_info=exc)
+    return Response(
+        error_body("INTERNAL_ERROR", "internal error; see the coordinator log"),
+        status.HTTP_500_INTERNAL_SERVER_ERROR,
+    )

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from groups.services import ServiceError, create_stream
+
+
+class Command(BaseCommand):
+    help = "Create a stream with N shards (version 1)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("name")
+        parser.add_argument("--shards", type=int, required=True)
+        parser.add_argument("--key-prefix", default="rsc", help="prefix of every Redis key (default rsc)")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        try:
+            stream = create_stream(opts["name"], opts["shards"], key_prefix=opts["key_prefix"])
+        except ServiceError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(f"created stream {stream.name} with {opts['shards']} shards (version 1)")

@@ -1,0 +1,93 @@
+"""The metadata document of a group (§3) and the routing document of a stream (§6).
+
+Both describe live shard versions; they are cached per process by (id, metadataEpoch),
+which every change they show raises.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from coordination.shardmath import hash_range
+from groups.models import Group, Shard, ShardVersion, Stream, VersionState
+
+HASH_ALGORITHM = "blake2b-64"
+_cache: dict[tuple[str, int, int], dict[str, Any]] = {}
+
+
+def redis_key(prefix: str, shard_id: str) -> str:
+    return f"{prefix}:{{{shard_id}}}"
+
+
+def seal_key(prefix: str, shard_id: str) -> str:
+    return f"{prefix}:{{{shard_id}}}:sealed"
+
+
+def versions_document(stream: Stream) -> list[dict[str, Any]]:
+    versions = list(
+        ShardVersion.objects.filter(stream=stream).exclude(state=VersionState.RETIRED).order_by("version")
+    )
+    shards_by_version: dict[int, list[Shard]] = {}
+    for shard in Shard.objects.filter(version__in=versions).order_by("index"):
+        shards_by_version.setdefault(shard.version_id, []).append(shard)
+    return [
+        {
+            "version": v.version,
+            "state": v.state,
+            "shardCount": v.shard_count,
+            "shards": [
+                {
+                    "shardId": s.shard_id,
+                    "index": s.index,
+                    "redisKey": redis_key(stream.key_prefix, s.shard_id),
+                    "sealKey": seal_key(stream.key_prefix, s.shard_id),
+                    "hashRange": list(hash_range(s.index, v.shard_count)),
+                    "parents": list(s.parents),
+                }
+                for s in shards_by_version.get(v.pk, [])
+            ],
+        }
+        for v in versions
+    ]
+
+
+def group_metadata(group: Group) -> dict[str, Any]:
+    key = ("group", group.pk, group.metadata_epoch)
+    doc = _cache.get(key)
+    if doc is None:
+        stream = group.stream
+        doc = {
+            "metadataEpoch": group.metadata_epoch,
+            "group": group.name,
+            "stream": stream.name,
+            "heartbeatIntervalMs": group.heartbeat_interval_ms,
+            "sessionTimeoutMs": group.session_timeout_ms,
+            "rebalanceTimeoutMs": group.rebalance_timeout_ms,
+            "startPosition": group.start_position,
+            "keyPrefix": stream.key_prefix,
+            "streamState": stream.state,
+            "writeVersion": stream.write_version,
+            "versions": versions_document(stream),
+        }
+        if len(_cache) > 1024:
+            _cache.clear()
+        _cache[key] = doc
+    return doc
+
+
+def routing_document(stream: Stream) -> dict[str, Any]:
+    key = ("stream", stream.pk, stream.metadata_epoch)
+    doc = _cache.get(key)
+    if doc is None:
+        doc = {
+            "stream": stream.name,
+            "writeVersion": stream.write_version,
+            "metadataEpoch": stream.metadata_epoch,
+            "state": stream.state,
+            "hash": HASH_ALGORITHM,
+            "keyPrefix": stream.key_prefix,
+            "versions": versions_document(stream),
+        }
+        if len(_cache) > 1024:
+            _cache.clear()
+        _cache[key] = doc
+    return doc
