@@ -33,11 +33,11 @@ UPDATE members_member AS m
    AND g.assignment_epoch = m.member_epoch
    AND g.metadata_epoch = %(metadata_epoch)s
    AND (%(owned)s::text[] IS NULL OR %(owned)s::text[] <@ ARRAY(
-         SELECT s.shard_id FROM assignments_shardassignment a
+         SELECT s.shard_id::text FROM assignments_shardassignment a
            JOIN groups_shard s ON s.id = a.shard_id
           WHERE a.owner_id = m.id AND NOT a.revoking))
 RETURNING g.assignment_epoch, g.heartbeat_interval_ms, g.metadata_epoch, ARRAY(
-         SELECT s.shard_id FROM assignments_shardassignment a
+         SELECT s.shard_id::text FROM assignments_shardassignment a
            JOIN groups_shard s ON s.id = a.shard_id
           WHERE a.owner_id = m.id AND NOT a.revoking
           ORDER BY s.version_id, s.index)

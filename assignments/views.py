@@ -36,6 +36,8 @@ class HeartbeatView(APIView):
         refused = authorize_group(request, group)
         if refused is not None:
             return refused
+        if not request.body.strip():
+            return Response(error_body("INVALID_REQUEST", "body: empty; a JSON object is required"), 400)
         serializer = HeartbeatRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         result = services.heartbeat(group, serializer.to_core(), timezone.now())

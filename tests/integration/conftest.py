@@ -1,0 +1,125 @@
+"""Fixtures for tests against the real database and, where needed, a live gunicorn server."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from groups.services import clear_key_cache, create_api_key, create_group, create_stream
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_key_cache() -> Iterator[None]:
+    clear_key_cache()
+    yield
+    clear_key_cache()
+
+
+@dataclass
+class GroupFixture:
+    stream: str
+    group: str
+    key: str
+    stream_key: str
+
+    def url(self, suffix: str = "/heartbeat") -> str:
+        return f"/api/v1/groups/{self.group}{suffix}"
+
+
+def make_group(stream: str = "orders", group: str = "g1", shards: int = 4, **config: Any) -> GroupFixture:
+    create_stream(stream, shards)
+    create_group(group, stream, **config)
+    return GroupFixture(stream, group, create_api_key(group=group), create_api_key(stream=stream))
+
+
+@pytest.fixture
+def orders(db: None) -> GroupFixture:
+    return make_group()
+
+
+@pytest.fixture
+def api() -> APIClient:
+    return APIClient()
+
+
+class Hb:
+    """Heartbeat helper over the Django test client."""
+
+    def __init__(self, client: APIClient, fx: GroupFixture) -> None:
+        self.client, self.fx = client, fx
+
+    def __call__(self, body: Any, key: str | None = None, raw: bool = False) -> tuple[int, dict[str, Any]]:
+        headers = {"HTTP_AUTHORIZATION": f"Bearer {key or self.fx.key}"}
+        if raw:
+            r = self.client.generic("POST", self.fx.url(), body, content_type="application/json", **headers)
+        else:
+            r = self.client.post(self.fx.url(), body, format="json", **headers)
+        return r.status_code, r.json()
+
+
+@pytest.fixture
+def hb(api: APIClient, orders: GroupFixture) -> Hb:
+    return Hb(api, orders)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def live_database_url() -> str:
+    """The URL of the database the tests run in (pytest-django's test_ database)."""
+    s = connection.settings_dict
+    return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+@dataclass
+class LiveServer:
+    url: str
+    process: subprocess.Popen[bytes]
+
+
+@pytest.fixture
+def gunicorn_server(transactional_db: None) -> Iterator[LiveServer]:
+    """A real gunicorn (2 sync workers) on the test database."""
+    port = free_port()
+    env = dict(os.environ, DATABASE_URL=live_database_url(), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "coordinator_project.wsgi", "-w", "2",
+         "-b", f"127.0.0.1:{port}", "--log-level", "warning"],
+        cwd=ROOT, env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("gunicorn did not start")
+        time.sleep(0.05)
+    try:
+        yield LiveServer(url, proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
