@@ -1,0 +1,254 @@
+"""The pure membership state machine against recorded coordinator transcripts (C1–C6)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dataplane.membership import Actions, Membership
+
+RECORDED = Path(__file__).parent / "recorded"
+
+
+def replay(name: str) -> Membership:
+    """Drive a fresh machine through a recorded transcript, checking every expectation."""
+    fx = json.loads((RECORDED / f"{name}.json").read_text())
+    m = Membership(fx["memberId"])
+    for i, step in enumerate(fx["steps"]):
+        where = f"{name} step {i} ({step['op']})"
+        op = step["op"]
+        actions: Actions | None = None
+        if op == "poll":
+            assert m.poll(step["now"]) == step["expectRequest"], where
+        elif op == "respond":
+            actions = m.on_response(step["now"], step["http"], step["body"])
+        elif op == "fail":
+            actions = m.on_failure(step["now"])
+        elif op == "finished":
+            m.revocation_finished(step["shard"])
+        elif op == "drained":
+            m.shard_drained(step["shard"])
+        elif op == "leave":
+            actions = m.leave()
+        else:  # pragma: no cover - fixture typo
+            raise AssertionError(f"unknown op {op}")
+        if "expectActions" in step:
+            exp = step["expectActions"]
+            assert actions is not None, where
+            assert [g.shard for g in actions.grant] == exp["grant"], where
+            assert actions.revoke == exp["revoke"], where
+            assert actions.abort == exp["abort"], where
+            assert actions.rejoin == exp.get("rejoin", False), where
+            assert actions.left == exp.get("left", False), where
+        if "expectReadable" in step:
+            assert sorted(m.readable) == step["expectReadable"], where
+        if "expectGrantEpochs" in step:
+            got = {s: g.grant_epoch for s, g in m.readable.items()}
+            assert got == step["expectGrantEpochs"], where
+    return m
+
+
+def test_recorded_fixtures_are_all_exercised() -> None:
+    names = {p.stem for p in RECORDED.glob("*.json")}
+    tested = {
+        "c1_revoke_after_inflight_zero",
+        "c2_ok_grants",
+        "c3_sync_metadata_is_drain_only",
+        "c3_revoke_pending_is_drain_only",
+        "c4_fenced",
+        "c4_epoch_mismatch",
+        "c5_unknown_member",
+        "c6_reports_only_granted_and_duplicate_revoked",
+        "leave",
+        "drained_reported_while_owned",
+    }
+    assert names == tested
+
+
+def test_c1_revoked_shard_stops_and_is_reported_revoked_once_in_flight_is_zero() -> None:
+    m = replay("c1_revoke_after_inflight_zero")
+    assert m.revoking == {}
+    assert sorted(m.owned) == ["orders:3:0"]
+
+
+def test_c2_ok_adds_new_assigned_shards_with_grant_epoch_and_token() -> None:
+    m = replay("c2_ok_grants")
+    g = m.readable["orders:3:2"]
+    assert g.token == "6:m-1"
+    assert g.redis_key == "rsc:{orders:3:2}"
+    assert g.seal_key == "rsc:{orders:3:2}:sealed"
+    assert g.start_id == "0"
+
+
+def test_c3_sync_metadata_is_drain_only_and_updates_metadata_epoch() -> None:
+    m = replay("c3_sync_metadata_is_drain_only")
+    assert m.metadata_epoch == 10
+    assert m.metadata is not None and len(m.metadata["versions"]) == 2
+
+
+def test_c3_revoke_pending_does_not_grant_new_shards() -> None:
+    replay("c3_revoke_pending_is_drain_only")
+
+
+def test_c4_fenced_clears_ownership_and_rejoins_with_epoch_0() -> None:
+    m = replay("c4_fenced")
+    assert m.member_id == "m-1"
+    assert m.revoking == {} and m.drained == set()
+
+
+def test_c4_epoch_mismatch_is_treated_as_fenced() -> None:
+    replay("c4_epoch_mismatch")
+
+
+def test_c4_member_id_mismatch_is_treated_as_fenced() -> None:
+    m = Membership("m-1")
+    m.poll(0)
+    body = _ok(5, ["s:1:0"], member="someone-else")
+    actions = m.on_response(1, 200, body)
+    assert actions.rejoin and m.readable == {} and m.member_epoch == 0
+
+
+def test_c5_unknown_member_rejoins_with_empty_ownership() -> None:
+    m = replay("c5_unknown_member")
+    assert sorted(m.readable) == ["orders:3:1"]
+
+
+def test_c6_only_granted_shards_reported_and_revoked_duplicates_resent() -> None:
+    replay("c6_reports_only_granted_and_duplicate_revoked")
+
+
+def test_leave_revokes_everything_then_sends_epoch_minus_1() -> None:
+    m = replay("leave")
+    assert m.left
+
+
+def test_drained_shards_reported_while_owned() -> None:
+    replay("drained_reported_while_owned")
+
+
+# ---- properties not tied to one transcript -----------------------------------------------
+
+
+def _ok(epoch: int, assigned: list[str], member: str = "m-1", **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "errorCode": "NONE",
+        "errorMessage": None,
+        "status": "OK",
+        "memberId": member,
+        "memberEpoch": epoch,
+        "assignmentEpoch": epoch,
+        "heartbeatIntervalMs": 1000,
+        "assignment": {"assignedShards": assigned, "pendingShards": [], "revokingShards": []},
+        "metadata": {"metadataEpoch": 1},
+    }
+    body.update(extra)
+    return body
+
+
+def _metadata(start: str) -> dict[str, Any]:
+    def shard(v: int, i: int, parents: list[str]) -> dict[str, Any]:
+        sid = f"s:{v}:{i}"
+        return {
+            "shardId": sid,
+            "index": i,
+            "redisKey": f"p:{{{sid}}}",
+            "sealKey": f"p:{{{sid}}}:sealed",
+            "parents": parents,
+        }
+
+    return {
+        "metadataEpoch": 3,
+        "group": "g",
+        "stream": "s",
+        "heartbeatIntervalMs": 1000,
+        "sessionTimeoutMs": 5000,
+        "startPosition": start,
+        "keyPrefix": "p",
+        "versions": [
+            {"version": 1, "state": "SEALED", "shardCount": 1, "shards": [shard(1, 0, [])]},
+            {
+                "version": 2,
+                "state": "ACTIVE",
+                "shardCount": 2,
+                "shards": [shard(2, 0, ["s:1:0"]), shard(2, 1, ["s:1:0"])],
+            },
+        ],
+    }
+
+
+@pytest.mark.parametrize(("start", "first_version_start"), [("latest", "$"), ("earliest", "0")])
+def test_grant_start_position_first_version_vs_child(start: str, first_version_start: str) -> None:
+    m = Membership("m-1")
+    m.poll(0)
+    m.on_response(1, 200, _ok(2, ["s:1:0", "s:2:1"], metadata=_metadata(start)))
+    assert m.readable["s:1:0"].start_id == first_version_start
+    assert m.readable["s:2:1"].start_id == "0"  # a child version starts from its beginning
+    assert m.readable["s:2:1"].redis_key == "p:{s:2:1}"
+    assert m.session_timeout_ms == 5000 and m.heartbeat_interval_ms == 1000
+
+
+def test_one_heartbeat_in_flight() -> None:
+    m = Membership("m-1")
+    assert m.poll(0) is not None
+    for t in (1, 10_000, 100_000):
+        assert m.poll(t) is None
+    m.on_failure(100_001)
+    assert m.poll(100_001) is None  # backoff
+    assert m.poll(100_001 + 200) is not None
+
+
+def test_session_timeout_without_accepted_heartbeat_stops_everything() -> None:
+    m = Membership("m-1")
+    m.poll(0)
+    m.on_response(1, 200, _ok(3, ["s:1:0"]))
+    assert not m.check_session(1 + m.session_timeout_ms)
+    req = m.poll(1001)
+    assert req is not None and req["memberEpoch"] == 3
+    m.on_failure(1001)
+    actions = m.check_session(2 + m.session_timeout_ms)
+    assert actions.abort == ["s:1:0"] and actions.rejoin
+    assert m.poll(10**9)["memberEpoch"] == 0
+
+
+def test_other_errors_keep_ownership_and_back_off() -> None:
+    m = Membership("m-1")
+    m.poll(0)
+    m.on_response(1, 200, _ok(3, ["s:1:0"]))
+    m.poll(2000)
+    actions = m.on_response(2001, 400, {"errorCode": "INVALID_REQUEST", "errorMessage": "x"})
+    assert not actions and sorted(m.readable) == ["s:1:0"]
+    assert m.poll(2002) is None
+    assert m.poll(2001 + 200)["memberEpoch"] == 3
+
+
+def test_repeated_fencing_of_joins_backs_off() -> None:
+    m = Membership("m-1")
+    fenced = {"errorCode": "FENCED_MEMBER_EPOCH", "errorMessage": "x"}
+    m.poll(0)
+    m.on_response(1, 409, fenced)
+    assert m.poll(1) is not None  # first fence: rejoin at once
+    m.on_response(2, 409, fenced)
+    assert m.poll(2) is None  # second in a row: back off
+    assert m.poll(2 + 200) is not None
+
+
+def test_leave_before_joining_sends_nothing() -> None:
+    m = Membership("m-1")
+    m.leave()
+    assert m.poll(0) is None and m.left
+
+
+def test_regranted_while_revoking_cancels_revocation() -> None:
+    m = Membership("m-1")
+    m.poll(0)
+    m.on_response(1, 200, _ok(3, ["s:1:0"]))
+    m.poll(2000)
+    a = m.on_response(2001, 200, _ok(3, [], status="REVOKE_PENDING"))
+    assert a.revoke == ["s:1:0"]
+    m.poll(4000)
+    a = m.on_response(4001, 200, _ok(4, ["s:1:0"]))
+    assert [g.shard for g in a.grant] == ["s:1:0"] and m.revoking == {}
+    assert m.readable["s:1:0"].grant_epoch == 4
