@@ -33,12 +33,21 @@ def lock_group(name: str) -> Group | None:
     return Group.objects.select_for_update().select_related("stream").filter(name=name).first()
 
 
-def load_state(group: Group, also_members: tuple[str, ...] = ()) -> tuple[GroupState, Loaded]:
+def load_state(
+    group: Group, also_members: tuple[str, ...] = (), *, lock_members: bool = False
+) -> tuple[GroupState, Loaded]:
+    """Load live members (plus `also_members`' rows, e.g. a tombstone) and the group's slots.
+
+    `lock_members` row-locks the members too: sweeps use it so a concurrent lock-free steady
+    heartbeat (fastpath) either lands before the sweep reads last-seen or waits and misses.
+    """
     loaded = Loaded(group=group)
     members: dict[str, Member] = {}
     rows = MemberRow.objects.filter(group=group).filter(
         Q(status__in=_LIVE) | Q(member_id__in=also_members)
     )
+    if lock_members:
+        rows = rows.select_for_update()
     for row in rows:
         loaded.member_pk[row.member_id] = row.pk
         members[row.member_id] = Member(

@@ -1,0 +1,111 @@
+"""Removing members: operator fence/remove (R8) and the liveness sweeps (L1, L2).
+
+Every path takes the group's row lock and lets the core decide, so the admin, the command
+line and Celery beat all apply the same rules, and two sweeps at once do the work once.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import DateTimeField, ExpressionWrapper, F, Q
+from django.utils import timezone
+
+from assignments.store import load_state, lock_group, save_state
+from coordination import engine
+from coordination.model import LIVE_STATUSES, GroupState, MemberStatus
+from groups.services import ServiceError
+from members.models import Member
+
+_ONE_MS = timedelta(milliseconds=1)
+
+
+@dataclass
+class SweepResult:
+    expired: dict[str, list[str]] = field(default_factory=dict)  # group -> member ids
+    fenced: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return sum(map(len, self.expired.values())) + sum(map(len, self.fenced.values()))
+
+
+def _in_locked_group(
+    group_name: str, work: Callable[[GroupState], list[str]], now: datetime, actor: str = ""
+) -> list[str]:
+    with transaction.atomic():
+        group = lock_group(group_name)
+        if group is None:
+            raise ServiceError(f"group {group_name!r} does not exist")
+        state, loaded = load_state(group, lock_members=True)
+        removed = work(state)
+        if removed:
+            save_state(state, loaded, now, actor=actor)
+        return removed
+
+
+def fence_member(
+    group: str, member_id: str, *, reason: str = "", actor: str = "operator", now: datetime | None = None
+) -> None:
+    """R8 operator fence: removed at once; its next heartbeat gets FENCED_MEMBER_EPOCH."""
+    _remove(group, member_id, MemberStatus.FENCED, reason or "fenced by operator", actor, now)
+
+
+def remove_member(
+    group: str, member_id: str, *, reason: str = "", actor: str = "operator", now: datetime | None = None
+) -> None:
+    """Operator remove: like a leave on the member's behalf; its next heartbeat gets UNKNOWN_MEMBER_ID."""
+    _remove(group, member_id, MemberStatus.LEFT, reason or "removed by operator", actor, now)
+
+
+def _remove(
+    group: str, member_id: str, status: MemberStatus, reason: str, actor: str, now: datetime | None
+) -> None:
+    now = now or timezone.now()
+
+    def work(state: GroupState) -> list[str]:
+        member = state.members.get(member_id)
+        if member is None or not member.live:
+            raise ServiceError(f"group {group!r} has no live member {member_id!r}")
+        return engine.r8_remove_members(
+            state, [member_id], status=status, reason=reason, actor=actor, now=now
+        )
+
+    _in_locked_group(group, work, now, actor)
+
+
+def sweep_liveness(now: datetime | None = None) -> SweepResult:
+    """One pass of L1 (session expiry) and L2 (rebalance timeout) over every group."""
+    now = now or timezone.now()
+    result = SweepResult()
+    for name in groups_due_for_sweep(now):
+        expired = _in_locked_group(name, lambda s: engine.l1_expire_silent_members(s, now), now, "sweeper")
+        fenced = _in_locked_group(
+            name, lambda s: engine.l2_fence_overdue_revocations(s, now), now, "sweeper"
+        )
+        if expired:
+            result.expired[name] = expired
+        if fenced:
+            result.fenced[name] = fenced
+    return result
+
+
+def groups_due_for_sweep(now: datetime) -> list[str]:
+    """Groups with a live member past its session or revocation deadline (cheap, no locks).
+
+    Only a hint: the locked pass re-checks through the core, so a heartbeat that lands in
+    between simply makes that pass a no-op.
+    """
+    session_deadline = ExpressionWrapper(
+        F("last_heartbeat_at") + F("group__session_timeout_ms") * _ONE_MS, output_field=DateTimeField()
+    )
+    due = (
+        Member.objects.filter(status__in=[s.value for s in LIVE_STATUSES])
+        .annotate(session_deadline=session_deadline)
+        .filter(Q(session_deadline__lt=now) | Q(revocation_deadline__lt=now) | Q(last_heartbeat_at__isnull=True))
+        .values_list("group__name", flat=True)
+        .distinct()
+    )
+    return sorted(set(due))

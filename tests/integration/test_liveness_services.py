@@ -1,0 +1,48 @@
+"""L1/L2 sweeps and operator fencing through the service layer, on PostgreSQL."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from groups.services import ServiceError
+from members import services
+from members.models import Member
+
+from .conftest import Hb
+
+pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
+
+
+def test_l1_sweep_expires_only_silent_members(hb: Hb):
+    for m in ("a", "b"):
+        hb({"memberId": m, "memberEpoch": 0})
+    now = timezone.now()
+    assert services.groups_due_for_sweep(now) == []
+    assert services.sweep_liveness(now).count == 0
+    Member.objects.filter(member_id="a").update(last_heartbeat_at=now - timedelta(seconds=31))
+    assert services.groups_due_for_sweep(now) == ["g1"]
+    result = services.sweep_liveness(now)
+    assert result.expired == {"g1": ["a"]}
+    assert services.sweep_liveness(now).count == 0  # L3: idempotent
+    s, r = hb({"memberId": "a", "memberEpoch": 3, "metadataEpoch": 1})
+    assert s == 409 and r["errorCode"] == "UNKNOWN_MEMBER_ID"
+
+
+def test_r8_operator_fence_then_rejoin(hb: Hb):
+    s, body = hb({"memberId": "a", "memberEpoch": 0})
+    services.fence_member("g1", "a", reason="stuck consumer", actor="alice")
+    m = Member.objects.get(member_id="a")
+    assert (m.status, m.fenced_reason, m.fenced_by) == ("FENCED", "stuck consumer", "alice")
+    s, r = hb({"memberId": "a", "memberEpoch": body["memberEpoch"], "metadataEpoch": 1})
+    assert s == 409 and r["errorCode"] == "FENCED_MEMBER_EPOCH" and "stuck consumer" in r["errorMessage"]
+    s, r = hb({"memberId": "a", "memberEpoch": 0})
+    assert s == 200 and len(r["assignment"]["assignedShards"]) == 4
+
+
+def test_fence_unknown_member_or_group_is_a_clear_error(hb: Hb):
+    with pytest.raises(ServiceError, match="no live member 'zz'"):
+        services.fence_member("g1", "zz")
+    with pytest.raises(ServiceError, match="group 'nope' does not exist"):
+        services.fence_member("nope", "a")
