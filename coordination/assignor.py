@@ -1,0 +1,117 @@
+"""Sticky, balanced, deterministic shard assignor for the Redis Stream Coordinator.
+
+Pure Python, no Django, no I/O: ``assign()`` maps the current set of live members and
+assignable shards (plus the previous target) to a new target ``shard_id -> member_id``.
+
+Guarantees (all covered by ``tests/unit/test_assignor.py``):
+
+* Valid: every shard goes to exactly one live member; no other keys. No members -> ``{}``.
+* Balanced: with ``n`` members and ``m`` shards, ``q, r = divmod(m, n)``; exactly ``r``
+  members get ``q + 1`` shards and the rest get ``q``.
+* Minimal movement: among all balanced assignments, the result changes the owner of the
+  fewest shards relative to ``previous``. A member's "held" count is the number of current
+  shards that ``previous`` gives it. Each member keeps ``min(held, quota)`` of them, and the
+  ``r`` "+1" quotas go to the members with the highest held count (ties: smaller member id),
+  because a +1 only saves a move for a member holding more than ``q``. That maximises
+  ``sum(min(held, quota))``, i.e. the number of shards that stay put.
+* Deterministic: the result (including its iteration order) depends only on the *sets* of
+  members and shards and on ``previous``, never on input order.
+
+Canonical shard order ("natural order"), used to decide which shards an over-quota member
+keeps (the first ones) and which free shard goes to which member: shard ids are split on
+``':'`` and every segment made only of ASCII digits is left-padded with zeros to a common
+width; the padded ids are compared as plain strings, and ties (e.g. ``"a:3"`` vs
+``"a:03"``) are broken by the raw id. So ``"orders:3:9" < "orders:3:10" < "orders:10:0"``.
+Free shards are handed out in that order, in contiguous runs, to members that still have
+room, taken in member-id order.
+
+Cost: O(m log m) string comparisons for the one sort of shard ids (keys computed once per
+shard) plus O(m + n log n) for the rest.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import cast
+
+__all__ = ["assign"]
+
+
+def _natural_order(shards: set[str]) -> list[str]:
+    """Shard ids in natural order (see module docstring)."""
+    ids = list(shards)
+    # Widest all-digit segment. One C-level split of the joined ids is much cheaper than
+    # tracking the maximum in the per-shard loop below; non-ASCII digits only overestimate.
+    segments = ":".join(ids).split(":")
+    width = max(map(len, filter(str.isdigit, segments)), default=0)
+
+    def padded(shard: str) -> str:
+        # Zero-padding to a shared width turns numeric comparison into plain string
+        # comparison, which sorts several times faster than tuples of mixed int/str parts.
+        return ":".join(
+            [p.zfill(width) if p.isdigit() and p.isascii() else p for p in shard.split(":")]
+        )
+
+    keys = list(map(padded, ids))
+    by_key = dict(zip(keys, ids, strict=True))
+    if len(by_key) == len(ids):
+        # Usual case, keys are unique: sorting bare strings is the cheapest sort there is.
+        return list(map(by_key.__getitem__, sorted(by_key)))
+    # Some ids pad to the same key ("a:3", "a:03"): break those ties on the raw id.
+    return [shard for _, shard in sorted(zip(keys, ids, strict=True))]
+
+
+def assign(
+    members: Sequence[str], shards: Sequence[str], previous: Mapping[str, str | None]
+) -> dict[str, str]:
+    """Return the target assignment shard_id -> member_id.
+
+    members: ids of live members (any order, unique). shards: assignable shard ids (any
+    order, unique). previous: the previous target, shard_id -> member_id (may mention
+    members/shards that no longer exist, or None values).
+
+    The result is valid, balanced (counts differ by at most one), moves the minimum
+    possible number of shards away from their previous member, and is deterministic; its
+    iteration order is the natural shard order. See the module docstring for details.
+    """
+    # Sorting the de-duplicated sets is what makes the result independent of input order.
+    live = sorted(set(members))
+    if not live:
+        return {}
+    order = _natural_order(set(shards))
+    quota, extra = divmod(len(order), len(live))
+
+    owners: list[str | None] = [previous.get(shard) for shard in order]
+    # Counter over the owner column runs in C; dead members and None are filtered below.
+    counts = Counter(owners)
+    held = {member: counts.get(member, 0) for member in live}
+
+    # The r "+1" quotas only save a move for members holding more than q, so hand them to
+    # the biggest previous holders first; member id breaks ties deterministically.
+    room: dict[str | None, int] = dict.fromkeys(live, quota)
+    for member in sorted(live, key=lambda member: (-held[member], member))[:extra]:
+        room[member] = quota + 1
+
+    # Keep previous owners while they have room; everything else is free. Walking shards in
+    # natural order means an over-quota member keeps its lowest shards.
+    free: list[int] = []
+    for index, owner in enumerate(owners):
+        left = room.get(owner, 0)  # None and dead members have no room
+        if left:
+            room[owner] = left - 1
+        else:
+            free.append(index)
+
+    # Fill remaining room in member-id order with free shards in natural order. Total room
+    # equals len(free) because the quotas sum to m.
+    start = 0
+    for member in live:
+        left = room[member]
+        if left:
+            for index in free[start : start + left]:
+                owners[index] = member
+            start += left
+
+    # Every slot is filled now: kept owners are live, the rest were just handed out.
+    return dict(zip(order, cast("list[str]", owners), strict=True))
