@@ -1,0 +1,177 @@
+"""The member process: heartbeat loop (membership machine + transport) driving the runtime.
+
+``Consumer(...).run()`` is all an application needs; the coordinator URL is the only thing it
+must know about the coordinator: intervals, timeouts, start position, key prefix and the
+shards' Redis keys all come from the heartbeat answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+from .membership import Actions, Membership
+from .message import Message
+from .runtime import Handler, Runtime, RuntimeConfig
+from .transport import CoordinatorUnavailable, Transport
+
+log = logging.getLogger(__name__)
+
+_MEMBER_ID_OK = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+def default_member_id() -> str:
+    """``host-pid-rand``: unique per process, kept for its life (§2), valid by the contract."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:40] or "host"
+    return f"{host}-{os.getpid()}-{random.getrandbits(24):06x}"
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class Consumer:
+    def __init__(
+        self,
+        coordinator_url: str,
+        group: str,
+        api_key: str | None,
+        handler: Handler,
+        redis_url: str = "redis://127.0.0.1:6379/0",
+        member_id: str | None = None,
+        workers: int = 4,
+        batch_size: int = 100,
+        block_ms: int = 1000,
+        max_deliveries: int = 5,
+        key_field: str = "key",
+        ack: str = "after",
+        *,
+        cluster: bool = False,
+        client_id: str | None = None,
+        rebalance_timeout_ms: int | None = None,
+        shutdown_timeout_s: float = 30.0,
+        retry_backoff_ms: int = 100,
+        transport: Transport | None = None,
+    ) -> None:
+        self.member_id = member_id or default_member_id()
+        if not _MEMBER_ID_OK.match(self.member_id):
+            raise ValueError("member_id must be 1-64 characters of [A-Za-z0-9._:-]")
+        self.group = group
+        self.transport = transport or Transport(coordinator_url, api_key)
+        self.machine = Membership(
+            self.member_id,
+            client_id=client_id or f"{socket.gethostname()}/pid-{os.getpid()}",
+            rebalance_timeout_ms=rebalance_timeout_ms,
+        )
+        cfg = RuntimeConfig(
+            workers=workers,
+            batch_size=batch_size,
+            block_ms=block_ms,
+            max_deliveries=max_deliveries,
+            key_field=key_field,
+            ack=ack,
+            retry_backoff_ms=retry_backoff_ms,
+        )
+        self.runtime = Runtime(redis_url, group, self.member_id, handler, cfg, cluster=cluster)
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # the machine is not thread-safe; run() owns it
+
+    # ---- public ------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask run() to leave the group and return (safe from any thread or signal handler)."""
+        self._stop.set()
+        self.runtime.changed.set()
+
+    def idempotency_marker(self, msg: Message, marker: str, ttl_ms: int) -> bool:
+        """True the first time ``marker`` is seen for this group and shard within ``ttl_ms``."""
+        return self.runtime.idempotency_marker(msg, marker, ttl_ms)
+
+    def run(self) -> None:
+        """Join, consume until SIGINT/SIGTERM or stop(), then leave (memberEpoch -1)."""
+        restore = self._install_signals()
+        self.runtime.start()
+        try:
+            self._loop()
+        finally:
+            self.runtime.stop(timeout=5.0)
+            self.transport.close()
+            for sig, old in restore:
+                signal.signal(sig, old)
+
+    # ---- internals ---------------------------------------------------------------------
+
+    def _install_signals(self) -> list[tuple[int, Any]]:
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        restore = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            restore.append((sig, signal.getsignal(sig)))
+            signal.signal(sig, lambda *_: self.stop())
+        return restore
+
+    def _apply(self, actions: Actions) -> None:
+        for shard in actions.abort:
+            self.runtime.abort(shard)
+        for shard in actions.revoke:
+            self.runtime.revoke(shard)
+        for grant in actions.grant:
+            self.runtime.grant(grant)
+        if actions.abort:
+            # Before rejoining, let the outstanding read that covers the aborted shards end:
+            # entries it delivers after the next owner's recovery would sit in our PEL.
+            self.runtime.wait_idle_reads(actions.abort, timeout=5.0)
+            for shard in actions.abort:
+                self.runtime.forget(shard)
+
+    def _loop(self) -> None:
+        m, rt = self.machine, self.runtime
+        leave_deadline: float | None = None
+        while True:
+            now = _now_ms()
+            if self._stop.is_set() and leave_deadline is None:
+                log.info("member %s leaving group %s", self.member_id, self.group)
+                leave_deadline = time.monotonic() + self.shutdown_timeout_s
+                self._apply(m.leave())
+            if leave_deadline is not None and time.monotonic() > leave_deadline:
+                m.force_leave()
+            self._apply(m.check_session(now))
+            for shard in m.revoking_in_progress:
+                if rt.in_flight(shard) == 0:
+                    m.revocation_finished(shard)
+                    rt.forget(shard)
+            for shard in rt.take_drained():
+                m.shard_drained(shard)
+            lost = rt.take_lost()
+            if lost:
+                self._apply(m.fence_locally(now, f"fence token taken on {sorted(lost)}"))
+            req = m.poll(now)
+            if req is not None:
+                try:
+                    status, body = self.transport.heartbeat(self.group, req)
+                except CoordinatorUnavailable as exc:
+                    actions = m.on_failure(_now_ms(), repr(exc))
+                else:
+                    actions = m.on_response(_now_ms(), status, body)
+                self._apply(actions)
+                if m.left:
+                    return
+                continue
+            if m.left:
+                return
+            wait_ms = min(m.next_wakeup_ms(_now_ms()), 200)
+            if m.revoking_in_progress:
+                wait_ms = min(wait_ms, 20)
+            rt.changed.wait(wait_ms / 1000)
+            rt.changed.clear()
+
+
+__all__ = ["Consumer", "Message", "RuntimeConfig", "default_member_id"]

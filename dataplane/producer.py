@@ -1,0 +1,215 @@
+"""Producer: routes a key to its shard of the current write version and appends to it.
+
+Appends go through one Lua script per shard batch that refuses a sealed shard (the seal
+marker lives in the shard's slot), so nothing lands in version v after its seal; on refusal
+the producer refreshes routing from the coordinator and retries on the new version (§6.2).
+Publishing is at-least-once: a retry after a lost reply can append twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from . import scripts
+from .routing import DEFAULT_KEY_PREFIX, HASH_ALGORITHM, ShardKeys, hash64, shard_index
+from .transport import Transport
+
+log = logging.getLogger(__name__)
+
+
+class Sent(NamedTuple):
+    shard: str
+    id: str
+
+
+class ShardSealedError(RuntimeError):
+    """Routing kept naming sealed shards for longer than the producer's retry budget."""
+
+
+class Route(NamedTuple):
+    shard: str
+    stream: str
+    seal: str
+
+
+class RoutingTable:
+    """The write version of one stream, from ``GET /api/v1/streams/{stream}/routing``."""
+
+    def __init__(self, doc: Mapping[str, Any]) -> None:
+        if doc.get("hash", HASH_ALGORITHM) != HASH_ALGORITHM:
+            raise ValueError(f"unsupported hash {doc.get('hash')!r}")
+        self.stream: str = doc["stream"]
+        self.write_version: int = int(doc["writeVersion"])
+        self.metadata_epoch: int = int(doc.get("metadataEpoch") or 0)
+        prefix = doc.get("keyPrefix") or DEFAULT_KEY_PREFIX
+        version = next(v for v in doc["versions"] if int(v["version"]) == self.write_version)
+        self.shard_count: int = int(version["shardCount"])
+        routes: list[Route | None] = [None] * self.shard_count
+        for info in version["shards"]:
+            keys = ShardKeys(info["shardId"], prefix)
+            routes[int(info["index"])] = Route(
+                info["shardId"],
+                info.get("redisKey") or keys.stream,
+                info.get("sealKey") or keys.sealed,
+            )
+        if any(r is None for r in routes):
+            raise ValueError(f"routing of {self.stream} v{self.write_version} misses shards")
+        self.routes: list[Route] = routes  # type: ignore[assignment]
+
+    def route(self, key: str) -> Route:
+        return self.routes[shard_index(hash64(key), self.shard_count)]
+
+
+class Producer:
+    def __init__(
+        self,
+        coordinator_url: str,
+        stream: str,
+        api_key: str | None,
+        redis_url: str = "redis://127.0.0.1:6379/0",
+        *,
+        key_field: str = "key",
+        maxlen: int | None = None,
+        cluster: bool = False,
+        retry_timeout_s: float = 30.0,
+        routing_ttl_s: float = 30.0,
+        transport: Transport | None = None,
+        client: Any = None,
+    ) -> None:
+        self.stream = stream
+        self.key_field = key_field
+        self.maxlen = maxlen or 0
+        self.retry_timeout_s = retry_timeout_s
+        self.routing_ttl_s = routing_ttl_s
+        self.transport = transport or Transport(coordinator_url, api_key)
+        if client is None:
+            kwargs: dict[str, Any] = {
+                "decode_responses": True,
+                "socket_timeout": 5.0,
+                "socket_connect_timeout": 5.0,
+                "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+            }
+            if cluster:
+                from redis.cluster import RedisCluster
+
+                client = RedisCluster.from_url(redis_url, **kwargs)
+            else:
+                client = redis.Redis.from_url(redis_url, **kwargs)
+        self.client = client
+        self._table: RoutingTable | None = None
+        self._fetched_at = 0.0
+        self._lock = threading.Lock()
+        self._loaded = False
+
+    def close(self) -> None:
+        self.transport.close()
+        self.client.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- routing -----------------------------------------------------------------------
+
+    def routing(self, refresh: bool = False) -> RoutingTable:
+        """The cached routing table; refreshed when told, or after routing_ttl_s."""
+        with self._lock:
+            stale = time.monotonic() - self._fetched_at > self.routing_ttl_s
+            if self._table is None or refresh or stale:
+                table = RoutingTable(self.transport.routing(self.stream))
+                if self._table is None or table.write_version != self._table.write_version:
+                    log.info("routing %s: write version %s", self.stream, table.write_version)
+                self._table = table
+                self._fetched_at = time.monotonic()
+            return self._table
+
+    def route(self, key: str) -> Route:
+        return self.routing().route(key)
+
+    # ---- sending -----------------------------------------------------------------------
+
+    def send(self, key: str, fields: Mapping[str, Any]) -> Sent:
+        return self.send_many([(key, fields)])[0]
+
+    def send_many(self, items: Iterable[tuple[str, Mapping[str, Any]]]) -> list[Sent]:
+        """Append many messages: one script call per shard, all in one pipeline."""
+        if not self._loaded:
+            scripts.append.ensure_loaded(self.client)
+            self._loaded = True
+        kf = self.key_field
+        todo: list[tuple[int, str, list[Any]]] = []
+        for i, (key, fields) in enumerate(items):
+            flat: list[Any] = [kf, key]
+            for f, v in fields.items():
+                if f != kf:
+                    flat += (f, v)
+            todo.append((i, key, flat))
+        out: list[Sent | None] = [None] * len(todo)
+        deadline = time.monotonic() + self.retry_timeout_s
+        refresh = False
+        delay = 0.05
+        while todo:
+            table = self.routing(refresh=refresh)
+            todo = self._append(table, todo, out)
+            if not todo:
+                break
+            if time.monotonic() > deadline:
+                raise ShardSealedError(
+                    f"{len(todo)} messages still route to sealed shards of {self.stream} "
+                    f"(write version {table.write_version})"
+                )
+            if refresh:  # refreshed already and still sealed: the reshard is in progress
+                time.sleep(delay)
+                delay = min(1.0, delay * 2)
+            refresh = True
+        return out  # type: ignore[return-value]
+
+    def _append(
+        self,
+        table: RoutingTable,
+        todo: list[tuple[int, str, list[Any]]],
+        out: list[Sent | None],
+    ) -> list[tuple[int, str, list[Any]]]:
+        by_shard: dict[int, list[tuple[int, str, list[Any]]]] = {}
+        n = table.shard_count
+        for item in todo:
+            by_shard.setdefault(shard_index(hash64(item[1]), n), []).append(item)
+        pipe = self.client.pipeline(transaction=False)
+        order: list[tuple[Route, list[tuple[int, str, list[Any]]]]] = []
+        for idx, batch in by_shard.items():
+            route = table.routes[idx]
+            args: list[Any] = [self.maxlen, len(batch)]
+            for _i, _k, flat in batch:
+                args.append(len(flat))
+                args.extend(flat)
+            scripts.append.queue(pipe, [route.stream, route.seal], args)
+            order.append((route, batch))
+        results = pipe.execute(raise_on_error=False)
+        refused: list[tuple[int, str, list[Any]]] = []
+        for (route, batch), res in zip(order, results, strict=True):
+            if isinstance(res, Exception):
+                if scripts.is_noscript(res):
+                    scripts.append.ensure_loaded(self.client)
+                    refused.extend(batch)  # not appended: send again
+                    continue
+                raise res
+            if res is None:  # sealed
+                refused.extend(batch)
+                continue
+            for (i, _k, _f), entry_id in zip(batch, res, strict=True):
+                out[i] = Sent(route.shard, entry_id)
+        refused.sort(key=lambda t: t[0])  # keep the caller's order within a key
+        return refused
+
+
+__all__ = ["Producer", "Route", "RoutingTable", "Sent", "ShardSealedError"]
