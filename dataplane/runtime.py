@@ -464,15 +464,9 @@ class Runtime:
                 return
             n = self.cfg.batch_size
             if st.phase == "claim":
-                cursor, _claimed, *_ = self.client.xautoclaim(
-                    st.stream,
-                    self.group,
-                    self.consumer,
-                    0,
-                    st.claim_cursor,
-                    count=n,
-                    justid=True,
-                )
+                cursor = scripts.claim_ids(
+                    self.client, [st.stream], [self.group, self.consumer, st.claim_cursor, n]
+                )[0]
                 st.claim_cursor = cursor
                 if cursor in ("0-0", b"0-0"):
                     st.phase = "own"

@@ -134,6 +134,13 @@ end
 return ids
 """
 
+# KEYS: stream. ARGV: group, consumer, start cursor, count. XAUTOCLAIM ... JUSTID, returned
+# raw: redis-py's reply parser drops the cursor of a JUSTID claim. JUSTID does not bump the
+# delivery count; the PEL read that follows does.
+CLAIM_IDS = """
+return redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'COUNT', ARGV[4], 'JUSTID')
+"""
+
 
 class Lua:
     """A script called by SHA, loading itself on NOSCRIPT."""
@@ -162,7 +169,8 @@ ack = Lua(ACK)
 dlq = Lua(DLQ)
 drained = Lua(DRAINED)
 append = Lua(APPEND)
-ALL = (fence_raise, ack, dlq, drained, append)
+claim_ids = Lua(CLAIM_IDS)
+ALL = (fence_raise, ack, dlq, drained, append, claim_ids)
 
 
 def is_noscript(exc: BaseException) -> bool:

@@ -45,3 +45,46 @@ def prefix(r: redis.Redis) -> Iterator[str]:
     keys = list(r.scan_iter(match=f"{p}:*", count=1000))
     if keys:
         r.delete(*keys)
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.01, what: str = "") -> None:
+    """Poll ``predicate`` until it is true, failing after ``timeout`` seconds (no blind sleeps)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def make_grant(prefix: str, shard: str, epoch: int = 1, member: str = "m-1", start: str = "0"):
+    from dataplane.membership import Grant
+    from dataplane.routing import ShardKeys
+
+    keys = ShardKeys(shard, prefix)
+    return Grant(shard, epoch, member, keys.stream, keys.sealed, start, prefix)
+
+
+@pytest.fixture
+def runtimes(redis_url: str) -> Iterator[list]:
+    """Runtimes started by a test; all stopped afterwards."""
+    started: list = []
+    yield started
+    for rt in started:
+        rt.stop(timeout=5.0)
+
+
+@pytest.fixture
+def start_runtime(redis_url: str, runtimes: list):
+    from dataplane.runtime import Runtime, RuntimeConfig
+
+    def _start(handler, group: str = "g", consumer: str = "m-1", **cfg) -> Runtime:
+        cfg.setdefault("block_ms", 200)
+        cfg.setdefault("retry_backoff_ms", 1)
+        rt = Runtime(redis_url, group, consumer, handler, RuntimeConfig(**cfg))
+        rt.start()
+        runtimes.append(rt)
+        return rt
+
+    return _start

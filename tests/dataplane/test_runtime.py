@@ -1,0 +1,321 @@
+"""The consumer runtime on the real Redis, driven through its seam (no coordinator)."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from dataplane import scripts
+from dataplane.message import Message
+from dataplane.routing import ShardKeys
+from dataplane.runtime import ack_mode_from_capabilities, detect_ack_mode
+
+from .conftest import make_grant, wait_until
+
+
+def pending(r: redis.Redis, stream: str, group: str = "g") -> int:
+    return r.xpending(stream, group)["pending"]
+
+
+def test_per_key_order_with_parallel_workers(r, prefix, start_runtime) -> None:
+    shards = [f"s:1:{i}" for i in range(3)]
+    keys = [f"k{i}" for i in range(40)]
+    n_per_key = 60
+    expected: dict[str, list[int]] = defaultdict(list)
+    for seq in range(n_per_key):
+        for shard_no, shard in enumerate(shards):
+            pipe = r.pipeline(transaction=False)
+            for k in keys[shard_no::3]:
+                pipe.xadd(ShardKeys(shard, prefix).stream, {"key": k, "seq": str(seq)})
+                expected[k].append(seq)
+            pipe.execute()
+    seen: dict[str, list[int]] = defaultdict(list)
+    threads: set[str] = set()
+    lock = threading.Lock()
+    total = sum(len(v) for v in expected.values())
+
+    def handler(msg: Message) -> None:
+        # The per-key list is only appended by the worker that owns the key: no lock needed
+        # for order; the lock guards the dict and thread set.
+        with lock:
+            seen[msg.key].append(int(msg.fields["seq"]))
+            threads.add(threading.current_thread().name)
+
+    rt = start_runtime(handler, workers=4, batch_size=50)
+    for shard in shards:
+        rt.grant(make_grant(prefix, shard))
+    wait_until(lambda: sum(len(v) for v in seen.values()) >= total, what="all handled")
+    assert dict(seen) == dict(expected)
+    assert len(threads) > 1  # keys really ran on several workers
+    wait_until(
+        lambda: all(pending(r, ShardKeys(s, prefix).stream) == 0 for s in shards),
+        what="acks flushed",
+    )
+
+
+def test_pending_recovery_after_crash_in_id_order(r, prefix, start_runtime) -> None:
+    shard = "s:1:0"
+    stream = ShardKeys(shard, prefix).stream
+    r.xgroup_create(stream, "g", id="0", mkstream=True)
+    ids = [r.xadd(stream, {"key": f"k{i % 3}", "n": str(i)}) for i in range(12)]
+    # A crashed old owner read 0..5 without ACKing; we ourselves had read 6..8 earlier.
+    r.xreadgroup("g", "old-owner", {stream: ">"}, count=6)
+    r.xreadgroup("g", "m-1", {stream: ">"}, count=3)
+    got: list[Message] = []
+    rt = start_runtime(got.append, workers=1)
+    rt.grant(make_grant(prefix, shard, epoch=2))
+    wait_until(lambda: len(got) >= 12, what="recovered + new")
+    assert [m.id for m in got] == ids  # own and others' pending, then new, in ID order
+    assert all(m.delivery_count >= 2 for m in got[:9])
+    assert all(m.delivery_count == 1 for m in got[9:])
+    wait_until(lambda: pending(r, stream) == 0, what="all acked")
+
+
+def test_fence_token_refuses_stale_ack(r, prefix, start_runtime) -> None:
+    shard = "s:1:0"
+    keys = ShardKeys(shard, prefix)
+    release = threading.Event()
+    started = threading.Event()
+
+    def handler(msg: Message) -> None:
+        started.set()
+        assert release.wait(10)
+
+    rt = start_runtime(handler, workers=1)
+    rt.grant(make_grant(prefix, shard, epoch=3, member="m-1"))
+    wait_until(lambda: rt.status(shard) == "ACTIVE", what="shard active")
+    assert r.get(keys.fence("g")) == "3:m-1"
+    r.xadd(keys.stream, {"key": "a"})
+    assert started.wait(10)
+    # The shard moved on: the next owner raised the token while we were still handling.
+    ok, token = scripts.fence_raise(r, [keys.fence("g")], [4, "m-2"])
+    assert ok == 1 and token == "4:m-2"
+    release.set()
+    wait_until(lambda: rt.in_flight(shard) == 0, what="batch finished")
+    assert pending(r, keys.stream) == 1  # the stale ACK was refused
+    assert rt.take_lost() == {shard}
+    # A lower or equal-epoch raise by someone else is refused; the token never goes back.
+    assert scripts.fence_raise(r, [keys.fence("g")], [3, "m-1"])[0] == 0
+    assert scripts.fence_raise(r, [keys.fence("g")], [4, "m-1"])[0] == 0
+    assert scripts.fence_raise(r, [keys.fence("g")], [4, "m-2"])[0] == 1
+
+
+def test_grant_below_current_fence_is_not_read(r, prefix, start_runtime) -> None:
+    shard = "s:1:0"
+    keys = ShardKeys(shard, prefix)
+    r.set(keys.fence("g"), "9:m-2")
+    got: list[Message] = []
+    rt = start_runtime(got.append)
+    r.xadd(keys.stream, {"key": "a"})
+    rt.grant(make_grant(prefix, shard, epoch=5))
+    wait_until(lambda: rt.status(shard) == "LOST", what="grant refused")
+    assert rt.take_lost() == {shard} and got == []
+
+
+def test_retry_then_dlq_after_max_deliveries(r, prefix, start_runtime) -> None:
+    shard = "s:1:0"
+    keys = ShardKeys(shard, prefix)
+    calls: dict[str, int] = defaultdict(int)
+    ok: list[str] = []
+
+    def handler(msg: Message) -> None:
+        calls[msg.fields["n"]] += 1
+        if msg.key == "bad":
+            raise ValueError(f"boom {msg.delivery_count}")
+        ok.append(msg.fields["n"])
+
+    rt = start_runtime(handler, workers=2, max_deliveries=3)
+    rt.grant(make_grant(prefix, shard))
+    wait_until(lambda: rt.status(shard) == "ACTIVE")
+    r.xadd(keys.stream, {"key": "good", "n": "1"})
+    bad_id = r.xadd(keys.stream, {"key": "bad", "n": "2", "payload": "x"})
+    r.xadd(keys.stream, {"key": "good", "n": "3"})
+    wait_until(lambda: r.xlen(keys.dlq("g")) == 1 and len(ok) == 2, what="DLQ entry")
+    wait_until(lambda: pending(r, keys.stream) == 0, what="all acked")
+    assert calls["2"] == 3
+    [(_id, dlq_fields)] = r.xrange(keys.dlq("g"))
+    assert dlq_fields["dlq:deliveries"] == "3"
+    assert dlq_fields["dlq:error"] == "ValueError: boom 3"
+    assert dlq_fields["dlq:id"] == bad_id and dlq_fields["dlq:shard"] == shard
+    assert dlq_fields["payload"] == "x" and dlq_fields["key"] == "bad"
+
+
+def test_recovered_message_past_max_deliveries_goes_to_dlq_unrun(r, prefix, start_runtime):
+    shard = "s:1:0"
+    keys = ShardKeys(shard, prefix)
+    r.xgroup_create(keys.stream, "g", id="0", mkstream=True)
+    r.xadd(keys.stream, {"key": "poison"})
+    for _ in range(3):  # it crashed three consumers in a row
+        r.xreadgroup("g", "crashed", {keys.stream: "0" if _ else ">"}, count=1)
+    ran: list[Message] = []
+    rt = start_runtime(ran.append, max_deliveries=3)
+    rt.grant(make_grant(prefix, shard))
+    wait_until(lambda: r.xlen(keys.dlq("g")) == 1, what="DLQ")
+    wait_until(lambda: pending(r, keys.stream) == 0)
+    assert ran == []
+
+
+def test_idempotency_marker(r, prefix, start_runtime) -> None:
+    rt = start_runtime(lambda m: None)
+    msg = Message("s:1:0", "1-0", "k", {"key": "k"})
+    rt.grant(make_grant(prefix, "s:1:0"))
+    wait_until(lambda: rt.status("s:1:0") == "ACTIVE")
+    assert rt.idempotency_marker(msg, "order-42", 60_000) is True
+    assert rt.idempotency_marker(msg, "order-42", 60_000) is False
+    key = ShardKeys("s:1:0", prefix).idem("g", "order-42")
+    assert 0 < r.pttl(key) <= 60_000
+    assert key_slot(key.encode()) == key_slot(ShardKeys("s:1:0", prefix).stream.encode())
+
+
+@pytest.mark.parametrize(
+    ("info", "version", "expected"),
+    [
+        ([None], "7.0.15", "XACK"),
+        ([None], None, "XACK"),
+        ([["xackdel", -5, ["write", "fast"], 1, 1, 1]], "8.2.1", "XACKDEL"),
+        ([["xackdel", -5, ["write", "fast"], 1, 1, 1]], None, "XACKDEL"),
+        (None, "8.2.0", "XACKDEL"),
+        (None, "8.4.0", "XACKDEL"),
+        (None, "8.0.2", "XACK"),
+        (None, "7.4.1", "XACK"),
+        (None, None, "XACK"),
+        ({"xackdel": {"name": "xackdel"}}, None, "XACKDEL"),
+    ],
+)
+def test_ack_command_selection(info, version, expected) -> None:
+    assert ack_mode_from_capabilities(info, version) == expected
+
+
+def test_this_server_gets_xack_and_acks_for_real(r, prefix, start_runtime) -> None:
+    assert r.info("server")["redis_version"].startswith("7.")
+    assert detect_ack_mode(r) == "XACK"
+    rt = start_runtime(lambda m: None)
+    assert rt.ack_mode == "XACK"
+    keys = ShardKeys("s:1:0", prefix)
+    rt.grant(make_grant(prefix, "s:1:0"))
+    for i in range(5):
+        r.xadd(keys.stream, {"key": str(i)})
+    wait_until(lambda: r.xinfo_groups(keys.stream)[0]["entries-read"] == 5)
+    wait_until(lambda: pending(r, keys.stream) == 0)
+    assert r.xlen(keys.stream) == 5  # XACK never deletes entries
+
+
+def test_drain_detection(r, prefix, start_runtime) -> None:
+    shard = "s:1:0"
+    keys = ShardKeys(shard, prefix)
+    gate = threading.Event()
+    rt = start_runtime(lambda m: gate.wait(10), drain_check_ms=20)
+    for i in range(5):
+        r.xadd(keys.stream, {"key": str(i)})
+    rt.grant(make_grant(prefix, shard))
+    wait_until(lambda: rt.status(shard) == "ACTIVE")
+    r.set(keys.sealed, "1")
+    # Sealed but with entries pending: not drained.
+    wait_until(lambda: pending(r, keys.stream) > 0)
+    assert scripts.drained(r, [keys.stream, keys.sealed], ["g"]) == 0
+    assert shard not in rt.take_drained()
+    gate.set()
+    wait_until(lambda: shard in rt.take_drained(), what="drained")
+
+
+def test_drain_script_ignores_lag_and_handles_trimmed_streams(r, prefix) -> None:
+    keys = ShardKeys("s:1:0", prefix)
+    r.xgroup_create(keys.stream, "g", id="0", mkstream=True)
+    args = ([keys.stream, keys.sealed], ["g"])
+    assert scripts.drained(r, *args) == 0  # not sealed
+    r.set(keys.sealed, "1")
+    assert scripts.drained(r, *args) == 1  # sealed and empty
+    ids = [r.xadd(keys.stream, {"key": str(i)}) for i in range(4)]
+    assert scripts.drained(r, *args) == 0  # unread entries
+    r.xreadgroup("g", "c", {keys.stream: ">"}, count=2)
+    assert scripts.drained(r, *args) == 0
+    r.xack(keys.stream, "g", *ids[:2])
+    r.xdel(keys.stream, ids[1])  # a delete makes XINFO `lag` unreliable
+    assert scripts.drained(r, *args) == 0  # still two unread
+    r.xreadgroup("g", "c", {keys.stream: ">"})
+    assert scripts.drained(r, *args) == 0  # read but pending
+    r.xack(keys.stream, "g", *ids[2:])
+    r.xtrim(keys.stream, maxlen=0)  # everything trimmed away
+    assert scripts.drained(r, *args) == 1
+    # A group that does not exist has not drained anything that is there.
+    r.xadd(keys.stream, {"key": "late"})
+    assert scripts.drained(r, [keys.stream, keys.sealed], ["other"]) == 0
+
+
+def test_revoke_finishes_current_leaves_queued_pending(r, prefix, start_runtime) -> None:
+    shard = "s:1:0"
+    keys = ShardKeys(shard, prefix)
+    entered = threading.Event()
+    release = threading.Event()
+    handled: list[str] = []
+
+    def handler(msg: Message) -> None:
+        entered.set()
+        release.wait(10)
+        handled.append(msg.id)
+
+    rt = start_runtime(handler, workers=1, batch_size=10)
+    rt.grant(make_grant(prefix, shard))
+    wait_until(lambda: rt.status(shard) == "ACTIVE")
+    ids = [r.xadd(keys.stream, {"key": "same"}) for _ in range(5)]
+    assert entered.wait(10)
+    rt.revoke(shard)
+    assert rt.in_flight(shard) > 0
+    release.set()
+    wait_until(lambda: rt.in_flight(shard) == 0, what="revocation done")
+    assert handled == ids[:1]  # the one in progress finished and was ACKed
+    assert pending(r, keys.stream) == 4  # the rest waits for the next owner, in its PEL order
+    # The next owner recovers them in ID order.
+    got: list[str] = []
+    rt2 = start_runtime(lambda m: got.append(m.id), consumer="m-2")
+    rt2.grant(make_grant(prefix, shard, epoch=2, member="m-2"))
+    wait_until(lambda: got == ids[1:], what="next owner recovered")
+
+
+def test_abort_stops_acks(r, prefix, start_runtime) -> None:
+    shard = "s:1:0"
+    keys = ShardKeys(shard, prefix)
+    entered = threading.Event()
+    release = threading.Event()
+
+    def handler(msg: Message) -> None:
+        entered.set()
+        release.wait(10)
+
+    rt = start_runtime(handler, workers=1)
+    rt.grant(make_grant(prefix, shard))
+    wait_until(lambda: rt.status(shard) == "ACTIVE")
+    r.xadd(keys.stream, {"key": "a"})
+    assert entered.wait(10)
+    rt.abort(shard)
+    release.set()
+    wait_until(lambda: rt.in_flight(shard) == 0)
+    assert pending(r, keys.stream) == 1
+
+
+def test_ack_before_mode_acks_then_runs(r, prefix, start_runtime) -> None:
+    shard = "s:1:0"
+    keys = ShardKeys(shard, prefix)
+    seen_pending: list[int] = []
+    rt = start_runtime(lambda m: seen_pending.append(pending(r, keys.stream)), ack="before")
+    rt.grant(make_grant(prefix, shard))
+    wait_until(lambda: rt.status(shard) == "ACTIVE")
+    r.xadd(keys.stream, {"key": "a"})
+    wait_until(lambda: len(seen_pending) == 1)
+    assert seen_pending == [0]  # already ACKed while the handler ran
+
+
+def test_start_position_latest_skips_history(r, prefix, start_runtime) -> None:
+    shard = "s:1:0"
+    keys = ShardKeys(shard, prefix)
+    r.xadd(keys.stream, {"key": "old"})
+    got: list[str] = []
+    rt = start_runtime(lambda m: got.append(m.key))
+    rt.grant(make_grant(prefix, shard, start="$"))
+    wait_until(lambda: rt.status(shard) == "ACTIVE")
+    r.xadd(keys.stream, {"key": "new"})
+    wait_until(lambda: got == ["new"])
