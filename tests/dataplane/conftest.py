@@ -88,3 +88,107 @@ def start_runtime(redis_url: str, runtimes: list):
         return rt
 
     return _start
+
+
+class FakeCoordinator:
+    """A tiny local HTTP server that speaks just enough of the coordinator API for the
+    producer (routing) and the consumer driver (heartbeats) — not the real coordinator."""
+
+    def __init__(self) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.routing: dict = {}
+        self.requests: list[dict] = []
+        self.auth: list[str | None] = []
+        self.heartbeat = self.default_heartbeat
+        self.metadata: dict = {}
+        self.epoch = 0
+        fake = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a) -> None:  # keep test output clean
+                pass
+
+            def _send(self, status: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                fake.auth.append(self.headers.get("Authorization"))
+                if self.path.endswith("/routing") and fake.routing:
+                    self._send(200, fake.routing)
+                else:
+                    self._send(404, {"errorCode": "NOT_FOUND", "errorMessage": self.path})
+
+            def do_POST(self) -> None:
+                fake.auth.append(self.headers.get("Authorization"))
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.requests.append(body)
+                status, resp = fake.heartbeat(body)
+                self._send(status, resp)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def default_heartbeat(self, req: dict) -> tuple[int, dict]:
+        """Grant every shard of the metadata to the (single) member; leave answers -1."""
+        if req["memberEpoch"] == -1:
+            return 200, self.response(req, -1, [], {"metadataEpoch": 1})
+        if req["memberEpoch"] == 0:
+            self.epoch += 1
+        shards = [s["shardId"] for v in self.metadata["versions"] for s in v["shards"]]
+        md = self.metadata if req["memberEpoch"] == 0 else {"metadataEpoch": 1}
+        return 200, self.response(req, self.epoch, shards, md)
+
+    @staticmethod
+    def response(req: dict, epoch: int, assigned: list[str], md: dict, status: str = "OK"):
+        return {
+            "errorCode": "NONE",
+            "errorMessage": None,
+            "status": status,
+            "memberId": req["memberId"],
+            "memberEpoch": epoch,
+            "assignmentEpoch": epoch,
+            "heartbeatIntervalMs": 100,
+            "assignment": {"assignedShards": assigned, "pendingShards": [], "revokingShards": []},
+            "metadata": md,
+        }
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def version_doc(stream: str, version: int, count: int, prefix: str, parents: bool = False):
+    from dataplane.routing import ShardKeys, hash_range
+
+    shards = []
+    for i in range(count):
+        sid = f"{stream}:{version}:{i}"
+        keys = ShardKeys(sid, prefix)
+        shards.append(
+            {
+                "shardId": sid,
+                "index": i,
+                "redisKey": keys.stream,
+                "sealKey": keys.sealed,
+                "hashRange": [str(x) for x in hash_range(i, count)],
+                "parents": [f"{stream}:{version - 1}:0"] if parents else [],
+            }
+        )
+    return {"version": version, "state": "ACTIVE", "shardCount": count, "shards": shards}
+
+
+@pytest.fixture
+def coordinator() -> Iterator[FakeCoordinator]:
+    fake = FakeCoordinator()
+    yield fake
+    fake.close()

@@ -1,0 +1,87 @@
+"""Producer routing and sealed-shard refusal on the real Redis, routing from a local stub."""
+
+from __future__ import annotations
+
+import pytest
+
+from dataplane import Producer, ShardSealedError
+from dataplane.routing import ShardKeys, hash64, shard_index
+
+from .conftest import version_doc
+
+
+def routing_doc(stream: str, prefix: str, *versions: dict, write: int) -> dict:
+    return {
+        "stream": stream,
+        "writeVersion": write,
+        "metadataEpoch": write,
+        "state": "STABLE",
+        "hash": "blake2b-64",
+        "keyPrefix": prefix,
+        "versions": list(versions),
+    }
+
+
+def test_send_routes_by_hash64_and_writes_key_field(r, prefix, coordinator, redis_url) -> None:
+    coordinator.routing = routing_doc(
+        "orders", prefix, version_doc("orders", 1, 4, prefix), write=1
+    )
+    with Producer(coordinator.url, "orders", "secret", redis_url=redis_url) as p:
+        sent = p.send("customer-7", {"amount": "12"})
+        assert sent.shard == f"orders:1:{shard_index(hash64('customer-7'), 4)}"
+        [(entry_id, fields)] = r.xrange(ShardKeys(sent.shard, prefix).stream)
+        assert entry_id == sent.id and fields == {"key": "customer-7", "amount": "12"}
+        many = p.send_many([(f"k{i}", {"n": str(i)}) for i in range(200)])
+    assert [s.shard for s in many] == [
+        f"orders:1:{shard_index(hash64(f'k{i}'), 4)}" for i in range(200)
+    ]
+    total = sum(r.xlen(ShardKeys(f"orders:1:{i}", prefix).stream) for i in range(4))
+    assert total == 201
+    assert coordinator.auth[0] == "Bearer secret"
+
+
+def test_sealed_shard_refused_then_retried_on_next_version(r, prefix, coordinator, redis_url):
+    v1 = version_doc("orders", 1, 2, prefix)
+    coordinator.routing = routing_doc("orders", prefix, v1, write=1)
+    p = Producer(coordinator.url, "orders", "k", redis_url=redis_url)
+    p.send("warm-up", {"n": "0"})  # routing v1 is cached now
+    # Reshard: v2 is the write version and every v1 shard is sealed.
+    v2 = version_doc("orders", 2, 4, prefix, parents=True)
+    coordinator.routing = routing_doc("orders", prefix, v1, v2, write=2)
+    for i in range(2):
+        r.set(ShardKeys(f"orders:1:{i}", prefix).sealed, "1")
+    v1_len = [r.xlen(ShardKeys(f"orders:1:{i}", prefix).stream) for i in range(2)]
+    sent = p.send_many([(f"k{i}", {"n": str(i)}) for i in range(50)])
+    assert all(s.shard.startswith("orders:2:") for s in sent)
+    assert [r.xlen(ShardKeys(f"orders:1:{i}", prefix).stream) for i in range(2)] == v1_len
+    assert sum(r.xlen(ShardKeys(f"orders:2:{i}", prefix).stream) for i in range(4)) == 50
+    # Order within a key survives the retry.
+    p.send_many([("same", {"n": str(i)}) for i in range(5)])
+    shard = p.route("same").stream
+    assert [f["n"] for _id, f in r.xrange(shard) if f["key"] == "same"] == [
+        str(i) for i in range(5)
+    ]
+    p.close()
+
+
+def test_sealed_without_new_version_gives_up(r, prefix, coordinator, redis_url) -> None:
+    coordinator.routing = routing_doc(
+        "orders", prefix, version_doc("orders", 1, 1, prefix), write=1
+    )
+    r.set(ShardKeys("orders:1:0", prefix).sealed, "1")
+    with (
+        Producer(coordinator.url, "orders", "k", redis_url=redis_url, retry_timeout_s=0.2) as p,
+        pytest.raises(ShardSealedError),
+    ):
+        p.send("a", {"n": "1"})
+    assert r.xlen(ShardKeys("orders:1:0", prefix).stream) == 0
+
+
+def test_maxlen_trims_approximately(r, prefix, coordinator, redis_url) -> None:
+    coordinator.routing = routing_doc(
+        "orders", prefix, version_doc("orders", 1, 1, prefix), write=1
+    )
+    with Producer(coordinator.url, "orders", "k", redis_url=redis_url, maxlen=100) as p:
+        for _ in range(10):
+            p.send_many([("a", {"n": "1"})] * 100)
+    assert r.xlen(ShardKeys("orders:1:0", prefix).stream) < 400
