@@ -1,0 +1,137 @@
+"""``python -m dataplane`` route / produce / consume, as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from dataplane.routing import ShardKeys, hash64, shard_index
+
+from .conftest import ROOT, version_doc, wait_until
+
+
+def env(coordinator_url: str, redis_url: str) -> dict[str, str]:
+    e = dict(os.environ)
+    e.update(
+        RSC_COORDINATOR_URL=coordinator_url,
+        RSC_API_KEY="cli-key",
+        REDIS_URL=redis_url,
+        PYTHONPATH=str(ROOT),
+    )
+    return e
+
+
+def run(args: list[str], e: dict[str, str], cwd: Path | None = None):
+    return subprocess.run(
+        [sys.executable, "-m", "dataplane", *args],
+        env=e,
+        cwd=cwd or ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def setup_stream(coordinator, prefix: str) -> None:
+    versions = [version_doc("orders", 1, 4, prefix)]
+    coordinator.routing = {
+        "stream": "orders",
+        "writeVersion": 1,
+        "metadataEpoch": 1,
+        "state": "STABLE",
+        "hash": "blake2b-64",
+        "keyPrefix": prefix,
+        "versions": versions,
+    }
+    coordinator.metadata = {
+        "metadataEpoch": 1,
+        "group": "g",
+        "stream": "orders",
+        "heartbeatIntervalMs": 100,
+        "sessionTimeoutMs": 30000,
+        "startPosition": "earliest",
+        "keyPrefix": prefix,
+        "versions": versions,
+    }
+
+
+def test_route_and_produce(r, prefix, coordinator, redis_url) -> None:
+    setup_stream(coordinator, prefix)
+    e = env(coordinator.url, redis_url)
+    out = run(["route", "--stream", "orders", "user-1"], e)
+    assert out.returncode == 0, out.stderr
+    shard = f"orders:1:{shard_index(hash64('user-1'), 4)}"
+    assert json.loads(out.stdout) == {
+        "shard": shard,
+        "redisKey": f"{prefix}:{{{shard}}}",
+        "version": 1,
+    }
+    out = run(["produce", "--stream", "orders", "--key", "user-1", "a=1", "b=x=y"], e)
+    assert out.returncode == 0, out.stderr
+    sent = json.loads(out.stdout)
+    assert sent["shard"] == shard
+    assert r.xrange(ShardKeys(shard, prefix).stream) == [
+        (sent["id"], {"key": "user-1", "a": "1", "b": "x=y"})
+    ]
+    assert coordinator.auth[-1] == "Bearer cli-key"
+
+
+def test_clear_errors(coordinator, redis_url) -> None:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("RSC_")}
+    e["PYTHONPATH"] = str(ROOT)
+    out = run(["route", "--stream", "orders", "k"], e)
+    assert out.returncode == 2 and "--coordinator or $RSC_COORDINATOR_URL" in out.stderr
+    e = env(coordinator.url, redis_url)
+    out = run(["produce", "--stream", "orders", "--key", "k", "novalue"], e)
+    assert out.returncode == 2 and "name=value" in out.stderr
+    out = run(["consume", "--group", "g", "--handler", "nosuchmodule:fn"], e)
+    assert out.returncode == 2 and "cannot load handler" in out.stderr
+
+
+def test_consume_until_sigterm_then_leave(r, prefix, coordinator, redis_url, tmp_path) -> None:
+    setup_stream(coordinator, prefix)
+    seen = tmp_path / "seen.txt"
+    (tmp_path / "myhandler.py").write_text(
+        f"def handle(msg):\n    open({str(seen)!r}, 'a').write(msg.key + '\\n')\n"
+    )
+    e = env(coordinator.url, redis_url)
+    for i in range(20):
+        assert run(["produce", "--stream", "orders", "--key", f"k{i}", "n=1"], e).returncode == 0
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dataplane",
+            "consume",
+            "--group",
+            "g",
+            "--handler",
+            "myhandler:handle",
+            "--member-id",
+            "cli-member",
+            "--block-ms",
+            "100",
+        ],
+        env=e,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(
+            lambda: seen.exists() and len(seen.read_text().split()) >= 20,
+            timeout=30,
+            what="consumed",
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert sorted(seen.read_text().split()) == sorted(f"k{i}" for i in range(20))
+    assert coordinator.requests[0]["memberEpoch"] == 0
+    assert coordinator.requests[-1]["memberEpoch"] == -1
