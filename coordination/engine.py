@@ -242,6 +242,19 @@ def s6_assignable(state: GroupState) -> list[str]:
     ]
 
 
+def s6_refresh_assignable(state: GroupState) -> bool:
+    """§6: shard slots were added (a new version) or repaired: if the assignable set no longer
+    matches the target, the group epoch rises and the target is recomputed. Returns whether."""
+    if not state.live_members():
+        return False  # no target to fix; the next join computes one
+    assignable = set(s6_assignable(state))
+    targeted = {sid for sid, slot in state.shards.items() if slot.target is not None}
+    if assignable == targeted:
+        return False
+    bump_group_epoch(state)
+    return True
+
+
 # --- R6 reconcile ----------------------------------------------------------------------------
 def r6_reconcile(state: GroupState, member: Member, now: datetime, *, drain_only: bool) -> Status:
     """R6: revoke what left the target; with nothing to revoke, advance and grant free shards."""
