@@ -462,26 +462,32 @@ class Runtime:
         for st in todo:
             if not self._wait_capacity():
                 return
-            n = self.cfg.batch_size
-            if st.phase == "claim":
-                cursor = scripts.claim_ids(
-                    self.client, [st.stream], [self.group, self.consumer, st.claim_cursor, n]
-                )[0]
-                st.claim_cursor = cursor
-                if cursor in ("0-0", b"0-0"):
-                    st.phase = "own"
-                continue
-            reply = self.client.xreadgroup(
-                self.group, self.consumer, {st.stream: st.last_id}, count=n
-            )
-            entries = _entries(reply).get(st.stream, [])
-            if not entries:
-                with self._lock:
-                    if st.status == RECOVERING:
-                        st.status = ACTIVE
-                continue
-            counts = self._delivery_counts(st, entries[0][0], entries[-1][0], len(entries))
-            self._dispatch(st, entries, counts)
+            try:
+                self._recover_page(st)
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                self.grant(st.grant)  # stream or group deleted under us: set it up again
+
+    def _recover_page(self, st: ShardState) -> None:
+        n = self.cfg.batch_size
+        if st.phase == "claim":
+            cursor = scripts.claim_ids(
+                self.client, [st.stream], [self.group, self.consumer, st.claim_cursor, n]
+            )[0]
+            st.claim_cursor = cursor
+            if cursor in ("0-0", b"0-0"):
+                st.phase = "own"
+            return
+        reply = self.client.xreadgroup(self.group, self.consumer, {st.stream: st.last_id}, count=n)
+        entries = _entries(reply).get(st.stream, [])
+        if not entries:
+            with self._lock:
+                if st.status == RECOVERING:
+                    st.status = ACTIVE
+            return
+        counts = self._delivery_counts(st, entries[0][0], entries[-1][0], len(entries))
+        self._dispatch(st, entries, counts)
 
     def _delivery_counts(self, st: ShardState, lo: str, hi: str, n: int) -> dict[str, int]:
         rows = self.client.xpending_range(st.stream, self.group, lo, hi, n, self.consumer)
