@@ -154,3 +154,7 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }
+
+# --- Periodic sweeps and resharding (issue 3) ---------------------------------
+# Where the shard streams live; seal markers are written here (§6.2).
+STREAM_REDIS_URL = os.environ.get("STREAM_REDIS_URL", REDIS_URL)

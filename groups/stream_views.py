@@ -1,0 +1,116 @@
+"""GET /api/v1/streams/{stream}/routing (producers) and POST .../reshard (operators, §6)."""
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from groups.api_errors import error_body
+from groups.auth import require_scope, require_stream_access
+from groups.metadata import routing_document
+from groups.models import Stream
+from groups.resharding import ReshardInProgress, StreamNotFound, start_reshard
+from groups.services import ServiceError
+
+STREAM_NOT_FOUND = "STREAM_NOT_FOUND"
+RESHARD_IN_PROGRESS = "RESHARD_IN_PROGRESS"
+
+_shard = inline_serializer("RoutedShard", {
+    "shardId": serializers.CharField(),
+    "index": serializers.IntegerField(),
+    "redisKey": serializers.CharField(),
+    "sealKey": serializers.CharField(),
+    "hashRange": serializers.ListField(child=serializers.IntegerField(), min_length=2, max_length=2,
+                                       help_text="[lo, hi) of the 64-bit hash"),
+    "parents": serializers.ListField(child=serializers.CharField()),
+})
+_version = inline_serializer("RoutedVersion", {
+    "version": serializers.IntegerField(),
+    "state": serializers.ChoiceField(choices=["ACTIVE", "SEALED"]),
+    "shardCount": serializers.IntegerField(),
+    "shards": _shard,
+})
+_routing = inline_serializer("Routing", {
+    "stream": serializers.CharField(),
+    "writeVersion": serializers.IntegerField(),
+    "metadataEpoch": serializers.IntegerField(),
+    "state": serializers.ChoiceField(choices=["STABLE", "PREPARING", "SEALING", "DRAINING"]),
+    "hash": serializers.CharField(help_text="blake2b-64"),
+    "keyPrefix": serializers.CharField(),
+    "versions": _version,
+})
+_reshard_request = inline_serializer("ReshardRequest", {"shards": serializers.IntegerField(min_value=1)})
+_reshard_response = inline_serializer("ReshardStarted", {
+    "stream": serializers.CharField(),
+    "version": serializers.IntegerField(),
+    "shardCount": serializers.IntegerField(),
+    "state": serializers.CharField(),
+    "routing": _routing,
+})
+_error = inline_serializer("StreamError", {
+    "errorCode": serializers.CharField(), "errorMessage": serializers.CharField(),
+})
+
+
+def _authorize(request: Request, stream: str, *, groups_allowed: bool) -> Response | None:
+    """401 without a key, 404 for no such stream, 403 for a key of anything else."""
+    scope = require_scope(request)
+    if scope.stream != stream and not Stream.objects.filter(name=stream).exists():
+        return Response(error_body(STREAM_NOT_FOUND, f"stream {stream!r} does not exist"), 404)
+    require_stream_access(request, stream, groups_allowed=groups_allowed)
+    return None
+
+
+class RoutingView(APIView):
+    @extend_schema(
+        responses={200: _routing, 401: _error, 403: _error, 404: _error},
+        summary="Producer routing: write version, shard ranges and Redis keys of every live version",
+    )
+    def get(self, request: Request, stream: str) -> Response:
+        refused = _authorize(request, stream, groups_allowed=True)
+        if refused is not None:
+            return refused
+        row = Stream.objects.filter(name=stream).first()
+        if row is None:
+            return Response(error_body(STREAM_NOT_FOUND, f"stream {stream!r} does not exist"), 404)
+        return Response(routing_document(row))
+
+
+class ReshardView(APIView):
+    @extend_schema(
+        request=_reshard_request,
+        responses={
+            202: OpenApiResponse(_reshard_response, description="version v+1 created; the stream is PREPARING"),
+            400: _error, 401: _error, 403: _error, 404: _error,
+            409: OpenApiResponse(_error, description="RESHARD_IN_PROGRESS: the stream is not STABLE"),
+        },
+        summary="Start resharding a stream to N shards (stream key only)",
+    )
+    def post(self, request: Request, stream: str) -> Response:
+        refused = _authorize(request, stream, groups_allowed=False)
+        if refused is not None:
+            return refused
+        body: Any = request.data
+        if not isinstance(body, dict) or "shards" not in body:
+            return Response(error_body("INVALID_REQUEST", 'body: a JSON object {"shards": N} is required'), 400)
+        unknown = sorted(set(body) - {"shards"})
+        if unknown:
+            return Response(error_body("INVALID_REQUEST", f"body: unknown field(s) {', '.join(unknown)}"), 400)
+        try:
+            version = start_reshard(stream, body["shards"], actor=f"api-key:{request.auth.key_id}")
+        except StreamNotFound as exc:
+            return Response(error_body(STREAM_NOT_FOUND, str(exc)), 404)
+        except ReshardInProgress as exc:
+            return Response(error_body(RESHARD_IN_PROGRESS, str(exc)), 409)
+        except ServiceError as exc:
+            return Response(error_body("INVALID_REQUEST", str(exc)), 400)
+        row = Stream.objects.get(name=stream)
+        return Response(
+            {"stream": stream, "version": version.version, "shardCount": version.shard_count,
+             "state": row.state, "routing": routing_document(row)},
+            status=202,
+        )
