@@ -184,24 +184,20 @@ class Producer:
         n = table.shard_count
         for item in todo:
             by_shard.setdefault(shard_index(hash64(item[1]), n), []).append(item)
-        pipe = self.client.pipeline(transaction=False)
         order: list[tuple[Route, list[tuple[int, str, list[Any]]]]] = []
+        calls: list[tuple[scripts.Lua, list[str], list[Any]]] = []
         for idx, batch in by_shard.items():
             route = table.routes[idx]
             args: list[Any] = [self.maxlen, len(batch)]
             for _i, _k, flat in batch:
                 args.append(len(flat))
                 args.extend(flat)
-            scripts.append.queue(pipe, [route.stream, route.seal], args)
+            calls.append((scripts.append, [route.stream, route.seal], args))
             order.append((route, batch))
-        results = pipe.execute(raise_on_error=False)
+        results = scripts.run_many(self.client, calls)
         refused: list[tuple[int, str, list[Any]]] = []
         for (route, batch), res in zip(order, results, strict=True):
             if isinstance(res, Exception):
-                if scripts.is_noscript(res):
-                    scripts.append.ensure_loaded(self.client)
-                    refused.extend(batch)  # not appended: send again
-                    continue
                 raise res
             if res is None:  # sealed
                 refused.extend(batch)

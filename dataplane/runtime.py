@@ -520,13 +520,10 @@ class Runtime:
             todo = [s for s in self._shards.values() if s.status == ACTIVE]
         if not todo:
             return
-        pipe = self.client.pipeline(transaction=False)
-        for st in todo:
-            scripts.drained.queue(pipe, [st.stream, st.grant.seal_key], [self.group])
-        results = pipe.execute(raise_on_error=False)
-        if any(isinstance(r, Exception) and scripts.is_noscript(r) for r in results):
-            scripts.drained.ensure_loaded(self.client)
-            return
+        results = scripts.run_many(
+            self.client,
+            [(scripts.drained, [st.stream, st.grant.seal_key], [self.group]) for st in todo],
+        )
         changed = False
         with self._lock:
             for st, res in zip(todo, results, strict=True):
@@ -853,11 +850,17 @@ class Runtime:
         delay = 0.05
         while order:
             try:
-                pipe = self.client.pipeline(transaction=False)
-                for st, ids in order:
-                    keys = [st.stream, st.keys.fence(self.group)]
-                    scripts.ack.queue(pipe, keys, [self.group, st.token, self.ack_mode, *ids])
-                results = pipe.execute(raise_on_error=False)
+                results = scripts.run_many(
+                    self.client,
+                    [
+                        (
+                            scripts.ack,
+                            [st.stream, st.keys.fence(self.group)],
+                            [self.group, st.token, self.ack_mode, *ids],
+                        )
+                        for st, ids in order
+                    ],
+                )
             except _NET_ERRORS as exc:
                 if self._stopping.is_set() and delay > 1:
                     log.error("giving up ACKs on shutdown: %r", exc)
@@ -869,8 +872,7 @@ class Runtime:
             retry: list[tuple[ShardState, list[str]]] = []
             for (st, ids), res in zip(order, results, strict=True):
                 if isinstance(res, Exception):
-                    if scripts.is_noscript(res):
-                        scripts.ack.ensure_loaded(self.client)
+                    if isinstance(res, _NET_ERRORS):
                         retry.append((st, ids))
                     else:
                         log.error("ACK of %d entries on %s failed: %r", len(ids), st.shard, res)
@@ -879,7 +881,13 @@ class Runtime:
                     self._mark_lost(st)
                 else:
                     self.stats["acked"] += len(ids)
-            order = retry
+            order = [(st, ids) for st, ids in retry if st.status not in (ABORTED, LOST)]
+            if order:
+                if self._stopping.is_set() and delay > 1:
+                    log.error("giving up %d ACK batches on shutdown", len(order))
+                    return
+                time.sleep(delay)  # a node is unreachable: back off before retrying
+                delay = min(2.0, delay * 2)
 
 
 def _entries(reply: Any) -> dict[str, list[Any]]:

@@ -164,6 +164,43 @@ class Lua:
         client.script_load(self.source)  # on a cluster client this loads on every primary
 
 
+def run_many(client: Any, calls: Sequence[tuple[Lua, Sequence[str], Sequence[Any]]]) -> list[Any]:
+    """Run many script calls in as few round trips as possible; results (or exceptions) in
+    call order. Standalone: one pipeline. Cluster: redis-py's cluster pipeline refuses
+    EVALSHA, so one plain pipeline per node (each call's keys share one slot); a call that
+    hits a slot migration (MOVED/ASK) is redone singly, where RedisCluster follows redirects.
+    """
+    if not calls:
+        return []
+    if not hasattr(client, "get_node_from_key"):
+        groups: list[tuple[Any, list[int]]] = [(client, list(range(len(calls))))]
+    else:
+        by_node: dict[str, tuple[Any, list[int]]] = {}
+        for i, (_lua, keys, _args) in enumerate(calls):
+            node = client.get_node_from_key(keys[0])
+            if node.name not in by_node:
+                by_node[node.name] = (client.get_redis_connection(node), [])
+            by_node[node.name][1].append(i)
+        groups = list(by_node.values())
+    results: list[Any] = [None] * len(calls)
+    for target, idxs in groups:
+        pipe = target.pipeline(transaction=False)
+        for i in idxs:
+            lua, keys, args = calls[i]
+            lua.queue(pipe, keys, args)
+        for i, res in zip(idxs, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(res, Exception):
+                text = str(res)
+                lua, keys, args = calls[i]
+                if is_noscript(res) or text.startswith(("MOVED", "ASK")) or "MOVED" in text:
+                    try:
+                        res = lua(client, keys, args)  # loads on NOSCRIPT, follows redirects
+                    except Exception as exc:
+                        res = exc
+            results[i] = res
+    return results
+
+
 fence_raise = Lua(FENCE_RAISE)
 ack = Lua(ACK)
 dlq = Lua(DLQ)

@@ -192,3 +192,101 @@ def coordinator() -> Iterator[FakeCoordinator]:
     fake = FakeCoordinator()
     yield fake
     fake.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port < 55000:  # the cluster bus listens on port + 10000
+            return port
+
+
+@pytest.fixture(scope="session")
+def cluster_url(tmp_path_factory) -> Iterator[str]:
+    """A throw-away 3-primary Redis Cluster on loopback, started from the local redis-server
+    binary for this test session only (skipped where there is no redis-server)."""
+    import shutil
+    import subprocess
+    import time
+
+    if not shutil.which("redis-server") or not shutil.which("redis-cli"):
+        pytest.skip("redis-server / redis-cli not installed")
+    procs: list[subprocess.Popen] = []
+    ports = [_free_port() for _ in range(3)]
+    try:
+        for port in ports:
+            d = tmp_path_factory.mktemp(f"cluster-{port}")
+            procs.append(
+                subprocess.Popen(
+                    [
+                        "redis-server",
+                        "--port",
+                        str(port),
+                        "--bind",
+                        "127.0.0.1",
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        str(d / "nodes.conf"),
+                        "--dir",
+                        str(d),
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        for port in ports:
+            wait_until(
+                lambda p=port: (
+                    subprocess.run(
+                        ["redis-cli", "-p", str(p), "ping"], capture_output=True, text=True
+                    ).stdout.strip()
+                    == "PONG"
+                ),
+                timeout=20,
+                interval=0.05,
+                what=f"node {port}",
+            )
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *[f"127.0.0.1:{p}" for p in ports],
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+
+        def ok() -> bool:
+            return all(
+                "cluster_state:ok"
+                in subprocess.run(
+                    ["redis-cli", "-p", str(p), "cluster", "info"], capture_output=True, text=True
+                ).stdout
+                for p in ports
+            )
+
+        wait_until(ok, timeout=30, interval=0.1, what="cluster_state:ok")
+        time.sleep(0)  # (no blind sleeps: readiness is polled above)
+        yield f"redis://127.0.0.1:{ports[0]}/0"
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
