@@ -16,31 +16,39 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connections
+from django.db import InterfaceError, OperationalError, connections
 
 from coordination.model import HeartbeatRequest
 
 _SQL = """
-UPDATE members_member AS m
-   SET last_heartbeat_at = %(now)s,
-       last_reported_owned = COALESCE(%(owned_json)s::jsonb, m.last_reported_owned)
-  FROM groups_group AS g
- WHERE g.name = %(group)s
-   AND m.group_id = g.id
-   AND m.member_id = %(member)s
-   AND m.status = 'STABLE'
-   AND m.member_epoch = %(epoch)s
-   AND g.assignment_epoch = m.member_epoch
-   AND g.metadata_epoch = %(metadata_epoch)s
-   AND (%(owned)s::text[] IS NULL OR %(owned)s::text[] <@ ARRAY(
-         SELECT s.shard_id::text FROM assignments_shardassignment a
-           JOIN groups_shard s ON s.id = a.shard_id
-          WHERE a.owner_id = m.id AND NOT a.revoking))
-RETURNING g.assignment_epoch, g.heartbeat_interval_ms, g.metadata_epoch, ARRAY(
-         SELECT s.shard_id::text FROM assignments_shardassignment a
-           JOIN groups_shard s ON s.id = a.shard_id
-          WHERE a.owner_id = m.id AND NOT a.revoking
-          ORDER BY s.version_id, s.index)
+WITH me AS (
+    SELECT m.id, g.assignment_epoch, g.heartbeat_interval_ms, g.metadata_epoch
+      FROM groups_group AS g
+      JOIN members_member AS m ON m.group_id = g.id AND m.member_id = %(member)s
+     WHERE g.name = %(group)s
+       AND m.status = 'STABLE'
+       AND m.member_epoch = %(epoch)s
+       AND g.assignment_epoch = m.member_epoch
+       AND g.metadata_epoch = %(metadata_epoch)s
+), granted AS (
+    SELECT COALESCE(array_agg(s.shard_id::text ORDER BY s.version_id, s.index), '{}') AS shards
+      FROM me
+      JOIN assignments_shardassignment AS a ON a.owner_id = me.id AND NOT a.revoking
+      JOIN groups_shard AS s ON s.id = a.shard_id
+), stamped AS (
+    -- Re-checked on the row's newest version, so a concurrent sweep or fence wins.
+    UPDATE members_member AS m
+       SET last_heartbeat_at = %(now)s,
+           last_reported_owned = COALESCE(%(owned_json)s::jsonb, m.last_reported_owned)
+      FROM me, granted
+     WHERE m.id = me.id
+       AND m.status = 'STABLE'
+       AND m.member_epoch = %(epoch)s
+       AND (%(owned)s::text[] IS NULL OR %(owned)s::text[] <@ granted.shards)
+    RETURNING m.id
+)
+SELECT me.assignment_epoch, me.heartbeat_interval_ms, me.metadata_epoch, granted.shards
+  FROM stamped, me, granted
 """
 
 
@@ -76,9 +84,16 @@ def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> Steady
         "owned": owned,
         "owned_json": json.dumps(sorted(owned)) if owned is not None else None,
     }
-    with connections["liveness"].cursor() as cursor:
-        cursor.execute(_SQL, params)
-        row = cursor.fetchone()
+    conn = connections["liveness"]
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(_SQL, params)
+            row = cursor.fetchone()
+    except (OperationalError, InterfaceError):
+        # No per-request health-check ping on this connection (a round trip per heartbeat):
+        # a broken connection is dropped here and this heartbeat takes the locked path.
+        conn.close()
+        return None
     if row is None:
         return None
     return SteadyAnswer(row[0], row[1], row[2], tuple(row[3]))

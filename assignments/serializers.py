@@ -1,80 +1,48 @@
-"""The heartbeat wire format (PROTOCOL.md §3): strict validation and the OpenAPI description."""
+"""The heartbeat wire format (PROTOCOL.md §3) as OpenAPI sees it."""
 from __future__ import annotations
-
-from typing import Any
 
 from rest_framework import serializers
 
-from coordination.model import MEMBER_ID_RE, HeartbeatRequest, RevokeReport, RevokeState
-
-MAX_SHARDS_PER_LIST = 10_000
-MAX_EPOCH = 2**31 - 1
-
-
-class StrictIntegerField(serializers.IntegerField):
-    """Refuses "5", 5.0 and true: a wrong type is a client bug, not something to coerce."""
-
-    def to_internal_value(self, data: Any) -> int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class StrictCharField(serializers.CharField):
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class ShardIdField(StrictCharField):
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(max_length=240, allow_blank=False, **kwargs)
+from coordination.model import MEMBER_ID_RE, RevokeState
+from coordination.wire import (
+    MAX_CLIENT_ID_LENGTH,
+    MAX_EPOCH,
+    MAX_SHARD_ID_LENGTH,
+    MAX_SHARDS_PER_LIST,
+    REBALANCE_TIMEOUT_MS_RANGE,
+)
 
 
 class RevokingShardSerializer(serializers.Serializer):
-    shard = ShardIdField()
+    shard = serializers.CharField(max_length=MAX_SHARD_ID_LENGTH)
     state = serializers.ChoiceField(choices=[s.value for s in RevokeState])
 
 
 class HeartbeatRequestSerializer(serializers.Serializer):
-    memberId = StrictCharField(max_length=64, help_text="1-64 chars of [A-Za-z0-9._:-], kept for the life of the process")
-    memberEpoch = StrictIntegerField(min_value=-1, max_value=MAX_EPOCH, help_text="0 joins/rejoins, -1 leaves, >0 regular")
-    clientId = StrictCharField(required=False, allow_blank=True, max_length=200)
-    rebalanceTimeoutMs = StrictIntegerField(required=False, allow_null=True, min_value=100, max_value=24 * 3600 * 1000)
-    metadataEpoch = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_EPOCH)
+    """OpenAPI description of the request; validation is coordination.wire.parse_heartbeat."""
+
+    memberId = serializers.RegexField(MEMBER_ID_RE.pattern, max_length=64,
+                                      help_text="1-64 chars of [A-Za-z0-9._:-], kept for the life of the process")
+    memberEpoch = serializers.IntegerField(min_value=-1, max_value=MAX_EPOCH,
+                                           help_text="0 joins/rejoins, -1 leaves, >0 regular heartbeat")
+    clientId = serializers.CharField(required=False, max_length=MAX_CLIENT_ID_LENGTH,
+                                     help_text="informational, e.g. host/pid")
+    rebalanceTimeoutMs = serializers.IntegerField(
+        required=False, allow_null=True, min_value=REBALANCE_TIMEOUT_MS_RANGE[0],
+        max_value=REBALANCE_TIMEOUT_MS_RANGE[1], help_text="on join; default: the group's")
+    metadataEpoch = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_EPOCH,
+                                             help_text="metadata the member holds; behind → SYNC_METADATA")
     ownedShards = serializers.ListField(
-        child=ShardIdField(), required=False, allow_null=True, max_length=MAX_SHARDS_PER_LIST,
+        child=serializers.CharField(max_length=MAX_SHARD_ID_LENGTH), required=False, allow_null=True,
+        max_length=MAX_SHARDS_PER_LIST,
         help_text="full list of owned shards; [] on join; null = unchanged since the last accepted heartbeat",
     )
-    revokingShards = serializers.ListField(
-        child=RevokingShardSerializer(), required=False, max_length=MAX_SHARDS_PER_LIST
-    )
+    revokingShards = serializers.ListField(child=RevokingShardSerializer(), required=False,
+                                           max_length=MAX_SHARDS_PER_LIST)
     drainedShards = serializers.ListField(
-        child=ShardIdField(), required=False, max_length=MAX_SHARDS_PER_LIST,
-        help_text="sealed shards this member read to the end (§6)",
+        child=serializers.CharField(max_length=MAX_SHARD_ID_LENGTH), required=False,
+        max_length=MAX_SHARDS_PER_LIST, help_text="sealed shards this member read to the end (§6)",
     )
-
-    def validate_memberId(self, value: str) -> str:
-        if not MEMBER_ID_RE.match(value):
-            raise serializers.ValidationError("must be 1-64 characters of [A-Za-z0-9._:-]")
-        return value
-
-    def to_core(self) -> HeartbeatRequest:
-        d = self.validated_data
-        owned = d.get("ownedShards")
-        return HeartbeatRequest(
-            member_id=d["memberId"],
-            member_epoch=d["memberEpoch"],
-            metadata_epoch=d.get("metadataEpoch"),
-            client_id=d.get("clientId", ""),
-            rebalance_timeout_ms=d.get("rebalanceTimeoutMs"),
-            owned_shards=tuple(dict.fromkeys(owned)) if owned is not None else None,
-            revoking_shards=tuple(
-                RevokeReport(r["shard"], RevokeState(r["state"])) for r in d.get("revokingShards", ())
-            ),
-            drained_shards=tuple(dict.fromkeys(d.get("drainedShards", ()))),
-        )
 
 
 class AssignmentSerializer(serializers.Serializer):

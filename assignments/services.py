@@ -54,7 +54,11 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> Heartbea
                 ),
                 None,
             )
-        state, loaded = load_state(group, also_members=(req.member_id,))
+        if engine.needs_full_state(req):
+            state, loaded = load_state(group, also_members=(req.member_id,))
+        else:
+            claimed = (req.owned_shards or ()) + tuple(r.shard for r in req.revoking_shards)
+            state, loaded = load_state(group, only_member=req.member_id, claimed=claimed)
         response = engine.heartbeat(state, req, now)
         if response.error_code != ErrorCode.NONE:
             return HeartbeatResult(response, None)  # R8: a refused heartbeat changes nothing

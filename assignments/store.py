@@ -5,6 +5,7 @@ group's row lock (`lock_group`) for the whole load → core → save sequence.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -12,10 +13,11 @@ from django.db.models import Q
 
 from assignments.models import ShardAssignment
 from coordination.model import LIVE_STATUSES, GroupState, Member, MemberStatus, ShardSlot
-from groups.models import Event, Group, VersionState
+from groups.models import Event, Group, Shard, VersionState
 from members.models import Member as MemberRow
 
 _LIVE = [s.value for s in LIVE_STATUSES]
+event_log = logging.getLogger("coordinator.events")
 
 
 @dataclass
@@ -33,60 +35,141 @@ def lock_group(name: str) -> Group | None:
     return Group.objects.select_for_update().select_related("stream").filter(name=name).first()
 
 
+@dataclass(frozen=True)
+class _ShardInfo:
+    shard_id: str
+    parents: tuple[str, ...]
+    sealed: bool
+
+
+# The static part of a stream's shards, per process, by (stream, metadataEpoch): every change
+# to versions (new version, seal, retire) raises the stream's metadataEpoch.
+_catalogue: dict[tuple[int, int], dict[int, _ShardInfo]] = {}
+
+
+def _shard_catalogue(stream_id: int, metadata_epoch: int, need: set[int]) -> dict[int, _ShardInfo]:
+    key = (stream_id, metadata_epoch)
+    cat = _catalogue.get(key)
+    if cat is None or not need <= cat.keys():
+        rows = Shard.objects.filter(version__stream_id=stream_id).exclude(
+            version__state=VersionState.RETIRED
+        ).values_list("id", "shard_id", "parents", "version__state")
+        cat = {
+            pk: _ShardInfo(sid, tuple(parents or ()), vstate == VersionState.SEALED)
+            for pk, sid, parents, vstate in rows
+        }
+        if len(_catalogue) > 256:
+            _catalogue.clear()
+        _catalogue[key] = cat
+    return cat
+
+
+# In a partial snapshot, a slot owned or targeted by a member that was not loaded carries
+# this stand-in name, which maps back to the same row id when the slot is saved.
+_UNLOADED = "\x00member-pk:"
+
+
+def _member_name(pk_member: dict[int, str], pk: int | None) -> str | None:
+    if pk is None:
+        return None
+    return pk_member.get(pk) or f"{_UNLOADED}{pk}"
+
+
+def _member_pk(loaded: Loaded, name: str | None) -> int | None:
+    if name is None:
+        return None
+    if name.startswith(_UNLOADED):
+        return int(name[len(_UNLOADED):])
+    return loaded.member_pk[name]
+
+_MEMBER_COLUMNS = (
+    "id", "member_id", "status", "member_epoch", "previous_member_epoch", "client_id",
+    "rebalance_timeout_ms", "last_heartbeat_at", "revocation_deadline",
+    "fenced_reason", "fenced_by",
+)
+
+
 def load_state(
-    group: Group, also_members: tuple[str, ...] = (), *, lock_members: bool = False
+    group: Group,
+    also_members: tuple[str, ...] = (),
+    *,
+    lock_members: bool = False,
+    only_member: str | None = None,
+    claimed: tuple[str, ...] = (),
 ) -> tuple[GroupState, Loaded]:
     """Load live members (plus `also_members`' rows, e.g. a tombstone) and the group's slots.
 
     `lock_members` row-locks the members too: sweeps use it so a concurrent lock-free steady
     heartbeat (fastpath) either lands before the sweep reads last-seen or waits and misses.
+    `only_member` loads a partial snapshot: that member and the slots it holds or targets,
+    plus the shards it `claimed`, enough for R3–R7 of its heartbeat; the core refuses to
+    recompute the target on it.
+    Plain tuples, not model instances: this runs on every locked heartbeat of big groups.
     """
     loaded = Loaded(group=group)
     members: dict[str, Member] = {}
-    rows = MemberRow.objects.filter(group=group).filter(
-        Q(status__in=_LIVE) | Q(member_id__in=also_members)
-    )
+    if only_member is not None:
+        rows = MemberRow.objects.filter(group=group, member_id=only_member)
+    else:
+        rows = MemberRow.objects.filter(group=group).filter(
+            Q(status__in=_LIVE) | Q(member_id__in=also_members)
+        )
     if lock_members:
         rows = rows.select_for_update()
-    for row in rows:
-        loaded.member_pk[row.member_id] = row.pk
-        members[row.member_id] = Member(
-            member_id=row.member_id,
-            status=MemberStatus(row.status),
-            member_epoch=row.member_epoch,
-            previous_member_epoch=row.previous_member_epoch,
-            client_id=row.client_id,
-            rebalance_timeout_ms=row.rebalance_timeout_ms,
-            joined_at=row.joined_at,
-            last_heartbeat_at=row.last_heartbeat_at,
-            revocation_deadline=row.revocation_deadline,
-            last_reported_owned=tuple(row.last_reported_owned or ()),
-            fenced_reason=row.fenced_reason,
-            fenced_by=row.fenced_by,
+    for (pk, mid, status, epoch, prev, client_id, rto, last_hb, deadline_at,
+         reason, by) in rows.values_list(*_MEMBER_COLUMNS):
+        loaded.member_pk[mid] = pk
+        members[mid] = Member(
+            member_id=mid,
+            status=MemberStatus(status),
+            member_epoch=epoch,
+            previous_member_epoch=prev,
+            client_id=client_id,
+            rebalance_timeout_ms=rto,
+            joined_at=None,  # not needed by the core; written only when a join sets it
+            last_heartbeat_at=last_hb,
+            revocation_deadline=deadline_at,
+            last_reported_owned=None,
+            fenced_reason=reason,
+            fenced_by=by,
         )
+    # Only the heartbeating member's last report matters (R3 with ownedShards null).
+    for mid, owned in MemberRow.objects.filter(group=group, member_id__in=also_members).values_list(
+        "member_id", "last_reported_owned"
+    ):
+        members[mid].last_reported_owned = tuple(owned or ())
     pk_member = {pk: mid for mid, pk in loaded.member_pk.items()}
-    shards: dict[str, ShardSlot] = {}
-    slot_rows = (
-        ShardAssignment.objects.filter(group=group)
-        .exclude(shard__version__state=VersionState.RETIRED)
-        .order_by("shard__version__version", "shard__index")
-        .values_list(
-            "id", "shard__shard_id", "shard__parents", "shard__version__state",
-            "owner_id", "revoking", "grant_epoch", "target_id", "drained_at",
+    slots = ShardAssignment.objects.filter(group=group)
+    if only_member is not None:
+        pk = loaded.member_pk.get(only_member)
+        mine = Q(owner_id=pk) | Q(target_id=pk) if pk else Q(pk__in=[])
+        slots = slots.filter(mine | Q(shard__shard_id__in=claimed))
+    slot_rows = list(
+        slots.values_list(
+            "id", "shard_id", "owner_id", "revoking", "grant_epoch", "target_id", "drained_at"
         )
     )
-    for pk, shard_id, parents, vstate, owner, revoking, grant_epoch, target, drained_at in slot_rows:
-        loaded.slot_pk[shard_id] = pk
+    catalogue = _shard_catalogue(
+        group.stream_id, group.stream.metadata_epoch, {row[1] for row in slot_rows}
+    )
+    shards: dict[str, ShardSlot] = {}
+    for pk, shard_pk, owner, revoking, grant_epoch, target, drained_at in sorted(
+        slot_rows, key=lambda r: r[1]
+    ):
+        info = catalogue.get(shard_pk)
+        if info is None:  # a retired version's leftover row
+            continue
+        loaded.slot_pk[info.shard_id] = pk
         if drained_at is not None:
-            loaded.drained_at[shard_id] = drained_at
-        shards[shard_id] = ShardSlot(
-            shard_id=shard_id,
-            parents=tuple(parents or ()),
-            sealed=vstate == VersionState.SEALED,
-            owner=pk_member.get(owner) if owner else None,
+            loaded.drained_at[info.shard_id] = drained_at
+        shards[info.shard_id] = ShardSlot(
+            shard_id=info.shard_id,
+            parents=info.parents,
+            sealed=info.sealed,
+            owner=_member_name(pk_member, owner),
             revoking=revoking,
             grant_epoch=grant_epoch,
-            target=pk_member.get(target) if target else None,
+            target=_member_name(pk_member, target),
             drained=drained_at is not None,
         )
     state = GroupState(
@@ -101,6 +184,7 @@ def load_state(
         rebalance_timeout_ms=group.rebalance_timeout_ms,
         members=members,
         shards=shards,
+        partial=only_member is not None,
     )
     return state, loaded
 
@@ -123,13 +207,15 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
             previous_member_epoch=m.previous_member_epoch,
             client_id=m.client_id,
             rebalance_timeout_ms=m.rebalance_timeout_ms,
-            joined_at=m.joined_at,
             last_heartbeat_at=m.last_heartbeat_at,
             revocation_deadline=m.revocation_deadline,
-            last_reported_owned=list(m.last_reported_owned),
             fenced_reason=m.fenced_reason,
             fenced_by=m.fenced_by,
         )
+        if m.joined_at is not None:
+            values["joined_at"] = m.joined_at
+        if m.last_reported_owned is not None:  # None: not loaded, leave the column alone
+            values["last_reported_owned"] = list(m.last_reported_owned)
         pk = loaded.member_pk.get(mid)
         if pk is None:
             # A tombstone not loaded (or a new member): upsert by the natural key.
@@ -144,10 +230,10 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
             rows.append(
                 ShardAssignment(
                     pk=loaded.slot_pk[shard_id],
-                    owner_id=loaded.member_pk[slot.owner] if slot.owner else None,
+                    owner_id=_member_pk(loaded, slot.owner),
                     revoking=slot.revoking,
                     grant_epoch=slot.grant_epoch,
-                    target_id=loaded.member_pk[slot.target] if slot.target else None,
+                    target_id=_member_pk(loaded, slot.target),
                     drained_at=loaded.drained_at.setdefault(shard_id, now) if slot.drained else None,
                 )
             )
@@ -168,3 +254,11 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
             )
             for e in changes.events
         )
+        for e in changes.events:  # one log line per event row (JSON with LOG_FORMAT=json)
+            event_log.info(
+                "%s group=%s member=%s groupEpoch=%s %s", e.kind, state.name, e.member_id or "-",
+                e.group_epoch, " ".join(f"{k}={v}" for k, v in e.detail.items()),
+                extra={"event": e.kind, "group": state.name, "stream": state.stream, "memberId": e.member_id,
+                       "memberEpoch": e.member_epoch, "groupEpoch": e.group_epoch,
+                       "assignmentEpoch": state.assignment_epoch},
+            )

@@ -1,6 +1,10 @@
 """POST /api/v1/groups/{group}/heartbeat."""
 from __future__ import annotations
 
+import time
+from typing import Any
+
+from django.http import HttpRequest
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.request import Request
@@ -9,6 +13,8 @@ from rest_framework.views import APIView
 
 from assignments import services
 from assignments.serializers import HeartbeatRequestSerializer, HeartbeatResponseSerializer
+from coordination.wire import InvalidRequest, parse_heartbeat
+from coordinator_project.metrics import record_heartbeat
 from groups.api_errors import error_body
 from groups.auth import require_scope
 from groups.services import KeyScope
@@ -27,6 +33,14 @@ def authorize_group(request: Request, group: str) -> Response | None:
 
 
 class HeartbeatView(APIView):
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Response:
+        started = time.perf_counter()  # every outcome (auth, validation, core) is counted
+        response = super().dispatch(request, *args, **kwargs)
+        # The body only if the view parsed it: an unauthenticated body is never parsed for a log.
+        record_heartbeat(kwargs.get("group", ""), getattr(self.request, "_full_data", None),
+                         getattr(response, "data", None), time.perf_counter() - started)
+        return response
+
     @extend_schema(
         request=HeartbeatRequestSerializer,
         responses={code: OpenApiResponse(HeartbeatResponseSerializer) for code in (200, 400, 401, 403, 404, 409)},
@@ -38,7 +52,9 @@ class HeartbeatView(APIView):
             return refused
         if not request.body.strip():
             return Response(error_body("INVALID_REQUEST", "body: empty; a JSON object is required"), 400)
-        serializer = HeartbeatRequestSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        result = services.heartbeat(group, serializer.to_core(), timezone.now())
+        try:
+            req = parse_heartbeat(request.data)
+        except InvalidRequest as exc:
+            return Response(error_body("INVALID_REQUEST", str(exc)), 400)
+        result = services.heartbeat(group, req, timezone.now())
         return Response(services.response_body(result), status=result.response.http_status)

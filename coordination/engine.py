@@ -175,7 +175,7 @@ def r3_check_epoch(state: GroupState, member: Member, req: HeartbeatRequest) -> 
     if req.member_epoch == member.member_epoch:
         return None
     if req.member_epoch == member.previous_member_epoch:
-        owned = req.owned_shards if req.owned_shards is not None else member.last_reported_owned
+        owned = req.owned_shards if req.owned_shards is not None else (member.last_reported_owned or ())
         if set(owned) <= state.held_by(member.member_id):
             return None
     return Rejection(
@@ -357,7 +357,14 @@ def bump_group_epoch(state: GroupState) -> None:
     recompute_target(state)
 
 
+def needs_full_state(req: HeartbeatRequest) -> bool:
+    """Joins, leaves and drain reports can change the target; other heartbeats cannot."""
+    return req.member_epoch <= 0 or bool(req.drained_shards)
+
+
 def recompute_target(state: GroupState) -> None:
+    if state.partial:
+        raise RuntimeError("cannot recompute the target from a partial snapshot")
     members = [m.member_id for m in state.live_members()]
     previous = {s.shard_id: s.target for s in state.shards.values() if s.target is not None}
     target = assign(members, s6_assignable(state), previous)

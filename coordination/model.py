@@ -103,7 +103,7 @@ class Member:
     joined_at: datetime | None = None
     last_heartbeat_at: datetime | None = None
     revocation_deadline: datetime | None = None
-    last_reported_owned: tuple[str, ...] = ()
+    last_reported_owned: tuple[str, ...] | None = ()  # None: not loaded (not needed)
     fenced_reason: str = ""
     fenced_by: str = ""
 
@@ -161,6 +161,9 @@ class GroupState:
     members: dict[str, Member] = field(default_factory=dict)
     shards: dict[str, ShardSlot] = field(default_factory=dict)
     changes: Changes = field(default_factory=Changes)
+    # A partial snapshot holds one member and its slots only: enough for that member's
+    # regular heartbeat, never for recomputing the target (see engine.needs_full_state).
+    partial: bool = False
 
     def __post_init__(self) -> None:
         self._granted: dict[str, set[str]] = {}

@@ -50,7 +50,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-ROOT_URLCONF = "coordinator_project.urls"
+# The heartbeat benchmark swaps in bench.urls (adds its reference endpoints).
+ROOT_URLCONF = os.environ.get("ROOT_URLCONF", "coordinator_project.urls")
 WSGI_APPLICATION = "coordinator_project.wsgi.application"
 
 TEMPLATES = [
@@ -93,6 +94,7 @@ if _default["ENGINE"].endswith("postgresql"):
     _liveness = dict(_default)
     _liveness["OPTIONS"] = {**_default.get("OPTIONS", {}), "options": "-c synchronous_commit=off"}
     _liveness["TEST"] = {"MIRROR": "default"}
+    _liveness["CONN_HEALTH_CHECKS"] = False  # fastpath drops a broken connection itself
     DATABASES["liveness"] = _liveness
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -153,8 +155,30 @@ LOGGING = {
         "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT if LOG_FORMAT in {"text", "json"} else "text"},
     },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }
 
 # --- Periodic sweeps and resharding (issue 3) ---------------------------------
 # Where the shard streams live; seal markers are written here (§6.2).
 STREAM_REDIS_URL = os.environ.get("STREAM_REDIS_URL", REDIS_URL)
+# Every sweep is safe to overlap, so a tick that waited longer than a few intervals is
+# dropped rather than run late (the next tick does the same work).
+_SWEEP_OPTIONS = {"expires": max(SWEEP_INTERVAL_SECONDS * 3, 1.0)}
+CELERY_BEAT_SCHEDULE = {
+    "sweep-liveness": {  # L1 session expiry + L2 rebalance timeout
+        "task": "members.tasks.sweep_liveness",
+        "schedule": SWEEP_INTERVAL_SECONDS,
+        "options": _SWEEP_OPTIONS,
+    },
+    "advance-resharding": {  # §6 seal and retire
+        "task": "groups.tasks.advance_resharding",
+        "schedule": SWEEP_INTERVAL_SECONDS,
+        "options": _SWEEP_OPTIONS,
+    },
+}
+
+# --- Admin and observability (issue 5) ----------------------------------------
+# /readyz fails when a recorded sweep has not finished for this long (L1/L2 stall).
+SWEEP_MAX_LAG_SECONDS = float(os.environ.get("SWEEP_MAX_LAG_SECONDS", max(30.0, 10 * SWEEP_INTERVAL_SECONDS)))
+# Optional bearer token for /metrics (empty: open, as usual behind a private scrape network).
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")

@@ -217,3 +217,10 @@ def test_healthz_and_readyz(api, db):
     assert api.get("/healthz").status_code == 200
     r = api.get("/readyz")
     assert r.status_code == 200 and r.json()["checks"]["database"] == "ok"
+
+
+def test_openapi_request_fields_match_the_validator():
+    from assignments.serializers import HeartbeatRequestSerializer
+    from coordination.wire import FIELDS
+
+    assert set(HeartbeatRequestSerializer().fields) == FIELDS

@@ -360,3 +360,16 @@ def test_s6_drained_report_only_counts_for_sealed_shards_the_member_holds():
 def test_request_defaults_are_a_regular_heartbeat():
     req = HeartbeatRequest(member_id="m", member_epoch=1)
     assert req.owned_shards is None and req.revoking_shards == ()
+
+
+def test_partial_snapshot_refuses_to_recompute_the_target():
+    import pytest
+
+    state = make_group(2)
+    state.partial = True
+    with pytest.raises(RuntimeError, match="partial"):
+        engine.recompute_target(state)
+    assert engine.needs_full_state(HeartbeatRequest(member_id="m", member_epoch=0))
+    assert engine.needs_full_state(HeartbeatRequest(member_id="m", member_epoch=-1))
+    assert engine.needs_full_state(HeartbeatRequest(member_id="m", member_epoch=3, drained_shards=("s:1:0",)))
+    assert not engine.needs_full_state(HeartbeatRequest(member_id="m", member_epoch=3))

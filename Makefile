@@ -1,0 +1,36 @@
+# The two commands a newcomer needs:  make run   (the whole system, demo included)
+#                                     make test  (the test suite; needs PostgreSQL and Redis)
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/rsc
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+
+.PHONY: install run test lint bench bench-heartbeat bench-dataplane
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements-dev.txt
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	bash scripts/run.sh
+
+test: install
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
+		$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: bench-heartbeat bench-dataplane
+
+bench-heartbeat: install
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rsc_bench} $(PY) bench/heartbeat.py
+
+bench-dataplane: install
+	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} $(PY) bench/dataplane.py

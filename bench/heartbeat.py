@@ -1,0 +1,255 @@
+"""Heartbeat benchmark: one group of 1,000 members over 4,096 shards on gunicorn + PostgreSQL.
+
+Prints, from one run on this machine:
+- assignor time for 1,000 × 10,000 and 10,000 × 100,000 (pure Python);
+- the time for 1,000 members joining from zero to reach a stable assignment (members answer
+  revocations at once, as the data-plane client does);
+- steady-state heartbeats/s and p50/p99 latency under wrk (32 connections), beside two
+  reference endpoints on the same server — a DRF view with no database (the ceiling) and the
+  naive group-row-lock design — as ratios;
+- R9 checked in the database after the load.
+
+    make bench-heartbeat      (DATABASE_URL defaults to postgres://postgres@127.0.0.1:5432/rsc_bench;
+                               the database is dropped and recreated)
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MEMBERS = int(os.environ.get("BENCH_MEMBERS", 1000))
+SHARDS = int(os.environ.get("BENCH_SHARDS", 4096))
+CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", 32))
+DURATION = int(os.environ.get("BENCH_SECONDS", 10))
+DB_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/rsc_bench")
+
+
+def recreate_database(url: str) -> None:
+    import psycopg
+
+    parsed = urlparse(url)
+    name = parsed.path.lstrip("/")
+    admin = parsed._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, DATABASE_URL=DB_URL, ROOT_URLCONF="bench.urls", LOG_LEVEL="WARNING")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "coordinator_project.wsgi", "-w", "2", "-b", f"127.0.0.1:{port}",
+         "--log-level", "warning", "--backlog", "2048"],
+        cwd=ROOT, env=env,
+    )
+    import httpx
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("gunicorn did not start")
+
+
+class SimMember:
+    def __init__(self, member_id: str) -> None:
+        self.member_id = member_id
+        self.epoch = 0
+        self.metadata_epoch: int | None = None
+        self.owned: list[str] = []
+        self.revoked: list[str] = []
+        self.stable = False
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "memberId": self.member_id, "memberEpoch": self.epoch, "metadataEpoch": self.metadata_epoch,
+            "ownedShards": self.owned,
+            "revokingShards": [{"shard": s, "state": "REVOKED"} for s in self.revoked],
+        }
+
+    def apply(self, data: dict[str, Any]) -> None:
+        if data["errorCode"] != "NONE":
+            raise RuntimeError(f"{self.member_id}: {data['errorCode']} {data['errorMessage']}")
+        self.epoch = data["memberEpoch"]
+        self.metadata_epoch = data["metadata"]["metadataEpoch"]
+        a = data["assignment"]
+        assigned = set(a["assignedShards"])
+        self.revoked = list(a["revokingShards"])  # nothing in flight: REVOKED at once (C1)
+        self.owned = sorted(s for s in self.owned if s in assigned)
+        if data["status"] == "OK":
+            self.owned = sorted(assigned)
+        self.stable = (data["status"] == "OK" and not a["pendingShards"] and not a["revokingShards"]
+                       and data["memberEpoch"] == data["assignmentEpoch"])
+
+
+async def converge(url: str, group: str, key: str) -> tuple[float, int, int]:
+    import httpx
+
+    members = [SimMember(f"m{i:04d}") for i in range(MEMBERS)]
+    sem = asyncio.Semaphore(CONNECTIONS)
+    requests = 0
+    limits = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"},
+                                 limits=limits, timeout=120) as client:
+        async def beat(m: SimMember) -> None:
+            nonlocal requests
+            while True:
+                async with sem:
+                    r = await client.post(f"/api/v1/groups/{group}/heartbeat", json=m.body())
+                requests += 1
+                m.apply(r.json())
+                if not m.revoked:  # a revocation is reported at once, like the data plane does
+                    return
+
+        start = time.monotonic()
+        await asyncio.gather(*(beat(m) for m in members))
+        rounds = 0
+        while True:
+            rounds += 1
+            await asyncio.gather(*(beat(m) for m in members))
+            epochs = {m.epoch for m in members}
+            if all(m.stable for m in members) and len(epochs) == 1:
+                return time.monotonic() - start, rounds, requests
+            if rounds > 50:
+                raise RuntimeError("no stable assignment after 50 rounds")
+
+
+def wrk(url: str, path: str, key: str, bodies_file: str) -> dict[str, float]:
+    env = dict(os.environ, BODIES_FILE=bodies_file, BENCH_PATH=path, BENCH_KEY=key)
+    out = subprocess.run(
+        ["wrk", "-t", "2", "-c", str(CONNECTIONS), "-d", f"{DURATION}s", "--latency", "-s",
+         str(ROOT / "bench" / "wrk_bodies.lua"), url],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+
+    def pct(p: str) -> float:
+        m = re.search(rf"\s{p}%\s+([\d.]+)(us|ms|s)", out)
+        value, unit = float(m.group(1)), m.group(2)
+        return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+
+    errors = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    socket_errors = re.search(r"Socket errors: (.*)", out)
+    return {"rps": rps, "p50_ms": pct("50"), "p99_ms": pct("99"),
+            "non2xx": int(errors.group(1)) if errors else 0,
+            "socket_errors": socket_errors.group(1) if socket_errors else ""}
+
+
+def main() -> None:
+    if not shutil.which("wrk"):
+        print("wrk not found; installing Debian's wrk")
+        subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=True)
+    from bench.assignor import run as assignor_run
+
+    print("== assignor (pure Python, median of 3)")
+    figures = assignor_run(runs=3)
+    for name, ms in figures.items():
+        print(f"   {name:<32} {ms:8.1f} ms")
+
+    recreate_database(DB_URL)
+    os.environ["DATABASE_URL"] = DB_URL
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "coordinator_project.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from groups.services import create_api_key, create_group, create_stream
+
+    call_command("migrate", verbosity=0)
+    create_stream("bench", SHARDS)
+    create_group("bench", "bench", max_members=MEMBERS, session_timeout_ms=3_600_000,
+                 rebalance_timeout_ms=3_600_000, heartbeat_interval_ms=3000)
+    key = create_api_key(group="bench")
+    from django.db import connection as _conn
+
+    def analyze() -> None:
+        # Bulk-loaded tables have no planner statistics until autovacuum gets to them.
+        with _conn.cursor() as cur:
+            cur.execute("ANALYZE")
+
+    analyze()
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = start_server(port)
+    try:
+        print(f"== {MEMBERS} members joining a group of {SHARDS} shards (from zero to stable)")
+        seconds, rounds, requests = asyncio.run(converge(url, "bench", key))
+        print(f"   stable after {seconds:.1f} s ({requests} heartbeats, {rounds} rounds after the joins)")
+
+        from assignments.services import describe_group
+
+        analyze()
+        doc = describe_group("bench")
+        assert doc and doc["state"] == "STABLE", doc and doc["state"]
+        bodies = [
+            json.dumps({"memberId": m["memberId"], "memberEpoch": m["memberEpoch"],
+                        "metadataEpoch": doc["metadataEpoch"], "ownedShards": m["assignedShards"]})
+            for m in doc["members"]
+        ]
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write("\n".join(bodies) + "\n")
+        print(f"== steady state under wrk: {CONNECTIONS} connections, {DURATION} s each, 2 sync gunicorn workers")
+        results = {}
+        for label, path in (("ceiling (DRF, no database)", "/bench/ceiling"),
+                            ("naive (group row lock via ORM)", "/bench/naive"),
+                            ("heartbeat (this project)", "/api/v1/groups/bench/heartbeat")):
+            results[label] = r = wrk(url, path, key, f.name)
+            print(f"   {label:<32} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms"
+                  f"  non-2xx {r['non2xx']} {r['socket_errors']}")
+        ours = results["heartbeat (this project)"]
+        ceiling = results["ceiling (DRF, no database)"]
+        naive = results["naive (group row lock via ORM)"]
+        print("== ratios (same run)")
+        print(f"   heartbeat / ceiling = {ours['rps'] / ceiling['rps']:.2f}x   (target >= 0.5x)")
+        print(f"   heartbeat / naive   = {ours['rps'] / naive['rps']:.2f}x")
+        print(f"   heartbeat p99       = {ours['p99_ms']:.1f} ms (target <= 50 ms)")
+
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute("""SELECT count(*) FROM assignments_shardassignment a JOIN members_member m
+                           ON m.id = a.owner_id WHERE m.status NOT IN ('STABLE','REVOKING','PENDING')""")
+            stale = cur.fetchone()[0]
+            cur.execute("SELECT count(*) FROM assignments_shardassignment WHERE owner_id IS NOT NULL")
+            owned = cur.fetchone()[0]
+        doc = describe_group("bench")
+        held = [s for m in doc["members"] for s in m["assignedShards"] + m["revokingShards"]]
+        r9 = stale == 0 and len(held) == len(set(held)) == owned == SHARDS and ours["non2xx"] == 0
+        print(f"== R9 after the load: {owned} shards owned, {len(set(held))} distinct, "
+              f"{stale} held by non-live members, group {doc['state']}: {'OK' if r9 else 'VIOLATED'}")
+        os.unlink(f.name)
+        if not r9:
+            raise SystemExit(1)
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Heartbeat request validation (PROTOCOL.md §3): JSON-decoded body → HeartbeatRequest.
+
+Strict on types (no "5" for 5, no true for 1) and bounds; every problem is reported with the
+field's path, e.g. "revokingShards[0].state: must be one of REVOKING, REVOKED". Pure and
+cheap: it runs on every heartbeat. `assignments.serializers` describes the same shape for
+OpenAPI; a test keeps the two in step.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from coordination.model import MEMBER_ID_RE, HeartbeatRequest, RevokeReport, RevokeState
+
+MAX_EPOCH = 2**31 - 1
+MAX_SHARDS_PER_LIST = 10_000
+MAX_SHARD_ID_LENGTH = 240
+MAX_CLIENT_ID_LENGTH = 200
+REBALANCE_TIMEOUT_MS_RANGE = (100, 24 * 3600 * 1000)
+FIELDS = frozenset({
+    "memberId", "memberEpoch", "clientId", "rebalanceTimeoutMs", "metadataEpoch",
+    "ownedShards", "revokingShards", "drainedShards",
+})
+_REVOKE_STATES = {s.value: s for s in RevokeState}
+
+
+class InvalidRequest(ValueError):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+class _Checker:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+        self.problems: list[str] = []
+
+    def fail(self, path: str, message: str) -> None:
+        self.problems.append(f"{path}: {message}")
+
+    def integer(self, name: str, lo: int, hi: int, *, required: bool = False) -> int | None:
+        value = self.data.get(name)
+        if value is None:
+            if required:
+                self.fail(name, "required")
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(name, f"must be an integer, got {type(value).__name__}")
+            return None
+        if not lo <= value <= hi:
+            self.fail(name, f"must be between {lo} and {hi}, got {value}")
+            return None
+        return value
+
+    def string(self, name: str, max_length: int) -> str | None:
+        value = self.data.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            self.fail(name, f"must be a string, got {type(value).__name__}")
+            return None
+        if len(value) > max_length:
+            self.fail(name, f"must be at most {max_length} characters")
+            return None
+        return value
+
+    def shard(self, path: str, value: Any) -> str | None:
+        if not isinstance(value, str):
+            self.fail(path, f"must be a shard id string, got {type(value).__name__}")
+            return None
+        if not 0 < len(value) <= MAX_SHARD_ID_LENGTH:
+            self.fail(path, f"must be a shard id of 1-{MAX_SHARD_ID_LENGTH} characters")
+            return None
+        return value
+
+    def items(self, name: str) -> list[Any] | None:
+        value = self.data.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            self.fail(name, f"must be a list, got {type(value).__name__}")
+            return None
+        if len(value) > MAX_SHARDS_PER_LIST:
+            self.fail(name, f"must have at most {MAX_SHARDS_PER_LIST} entries, got {len(value)}")
+            return None
+        return value
+
+    def shard_list(self, name: str) -> tuple[str, ...] | None:
+        values = self.items(name)
+        if values is None:
+            return None
+        shards = [self.shard(f"{name}[{i}]", v) for i, v in enumerate(values)]
+        return tuple(dict.fromkeys(s for s in shards if s is not None))
+
+
+def parse_heartbeat(data: Any) -> HeartbeatRequest:
+    """Validate a decoded heartbeat body; raise InvalidRequest naming every bad field."""
+    if not isinstance(data, dict):
+        raise InvalidRequest([f"body: must be a JSON object, got {type(data).__name__}"])
+    c = _Checker(data)
+    member_id = c.string("memberId", 64)
+    if data.get("memberId") is None:
+        c.fail("memberId", "required")
+    elif member_id is not None and not MEMBER_ID_RE.match(member_id):
+        c.fail("memberId", "must be 1-64 characters of [A-Za-z0-9._:-]")
+    member_epoch = c.integer("memberEpoch", -1, MAX_EPOCH, required=True)
+    client_id = c.string("clientId", MAX_CLIENT_ID_LENGTH)
+    rebalance_timeout_ms = c.integer("rebalanceTimeoutMs", *REBALANCE_TIMEOUT_MS_RANGE)
+    metadata_epoch = c.integer("metadataEpoch", 0, MAX_EPOCH)
+    owned = c.shard_list("ownedShards")
+    drained = c.shard_list("drainedShards")
+    revoking: list[RevokeReport] = []
+    for i, entry in enumerate(c.items("revokingShards") or ()):
+        path = f"revokingShards[{i}]"
+        if not isinstance(entry, dict):
+            c.fail(path, f"must be an object with shard and state, got {type(entry).__name__}")
+            continue
+        shard = c.shard(f"{path}.shard", entry.get("shard"))
+        state = _REVOKE_STATES.get(entry.get("state")) if isinstance(entry.get("state"), str) else None
+        if state is None:
+            c.fail(f"{path}.state", "must be one of REVOKING, REVOKED")
+        if shard is not None and state is not None:
+            revoking.append(RevokeReport(shard, state))
+    if c.problems:
+        raise InvalidRequest(c.problems)
+    assert member_id is not None and member_epoch is not None
+    return HeartbeatRequest(
+        member_id=member_id,
+        member_epoch=member_epoch,
+        metadata_epoch=metadata_epoch,
+        client_id=client_id or "",
+        rebalance_timeout_ms=rebalance_timeout_ms,
+        owned_shards=owned,
+        revoking_shards=tuple(revoking),
+        drained_shards=drained or (),
+    )
