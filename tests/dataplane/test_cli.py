@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dataplane import Producer
 from dataplane.routing import ShardKeys, hash64, shard_index
 
 from .conftest import ROOT, version_doc, wait_until
@@ -99,8 +100,8 @@ def test_consume_until_sigterm_then_leave(r, prefix, coordinator, redis_url, tmp
         f"def handle(msg):\n    open({str(seen)!r}, 'a').write(msg.key + '\\n')\n"
     )
     e = env(coordinator.url, redis_url)
-    for i in range(20):
-        assert run(["produce", "--stream", "orders", "--key", f"k{i}", "n=1"], e).returncode == 0
+    with Producer(coordinator.url, "orders", "cli-key", redis_url=redis_url) as p:
+        p.send_many([(f"k{i}", {"n": "1"}) for i in range(20)])
     proc = subprocess.Popen(
         [
             sys.executable,
