@@ -6,13 +6,14 @@ Consumer: the runtime with a no-op handler (shards granted directly through its 
 coordinator) vs a raw loop of XREADGROUP COUNT n over the same shard streams + one XACK per
 stream and batch. Producer: Producer.send_many (routing via a local stub endpoint, Lua append
 that checks the seal marker) vs raw pipelined XADD, same batch size. Needs only Redis; uses
-db 9 and a unique key prefix, and deletes its keys afterwards.
+$REDIS_URL (default db 9) with a unique key prefix, and deletes its keys afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -69,9 +70,7 @@ def runtime_consume(
     def noop(msg: object) -> None:
         pass
 
-    rt = Runtime(
-        url, group, "bench", noop, RuntimeConfig(workers=workers, batch_size=count, block_ms=100)
-    )
+    rt = Runtime(url, group, "bench", noop, RuntimeConfig(workers=workers, batch_size=count, block_ms=100))
     rt.start()
     t0 = time.perf_counter()
     for s in shards:
@@ -160,9 +159,7 @@ def producer_throughput(url: str, prefix: str, nshards: int, total: int, batch: 
             "state": "STABLE",
             "hash": "blake2b-64",
             "keyPrefix": prefix,
-            "versions": [
-                {"version": 1, "state": "ACTIVE", "shardCount": nshards, "shards": shards}
-            ],
+            "versions": [{"version": 1, "state": "ACTIVE", "shardCount": nshards, "shards": shards}],
         }
     )
     p = Producer(stub.url, "bp", "bench", redis_url=url)
@@ -179,7 +176,7 @@ def producer_throughput(url: str, prefix: str, nshards: int, total: int, batch: 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--redis", default="redis://127.0.0.1:6379/9")
+    ap.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/9"))
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--count", type=int, default=100, help="XREADGROUP COUNT for both")
@@ -210,9 +207,7 @@ def main() -> int:
                     args.batch,
                 )
             )
-            dp_p.append(
-                producer_throughput(args.redis, prefix, args.shards, args.messages, args.batch)
-            )
+            dp_p.append(producer_throughput(args.redis, prefix, args.shards, args.messages, args.batch))
         c_ratio = max(rt_c) / max(raw_c)
         p_ratio = max(dp_p) / max(raw_p)
         print(
