@@ -7,12 +7,10 @@ revoked, and v is retired only when every group drained it and nobody holds it.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
-from django.conf import settings
 from django.core.management import call_command
 from django.test import override_settings
 from rest_framework.test import APIClient
@@ -28,16 +26,8 @@ from groups.sweeps import run_all_sweeps
 
 from .conftest import GroupFixture, make_group
 
+pytest_plugins = ["tests.integration.conftest_celery"]  # stream_redis
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
-
-
-@pytest.fixture
-def stream_redis() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(settings.STREAM_REDIS_URL, decode_responses=True)
-    yield client
-    for key in client.scan_iter("rsc:{rs-*"):
-        client.delete(key)
-    client.close()
 
 
 class Member:

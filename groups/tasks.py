@@ -1,0 +1,14 @@
+"""Celery tasks of the groups app: thin wrappers over service functions (see groups.sweeps)."""
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+
+from groups import sweeps
+
+
+@shared_task(name="groups.tasks.advance_resharding", ignore_result=True)
+def advance_resharding() -> dict[str, Any]:
+    """§6: seal versions being resharded, retire drained ones (beat, every tick)."""
+    return sweeps.run_resharding_sweep()

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from groups.management.commands.reshard import default_actor
+from groups.services import ServiceError
+from members.services import fence_member
+
+
+class Command(BaseCommand):
+    help = (
+        "Fence a member (R8): it is removed at once, its shards are released, and its next "
+        "heartbeat gets FENCED_MEMBER_EPOCH (it must rejoin with memberEpoch 0)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("group")
+        parser.add_argument("member_id")
+        parser.add_argument("--reason", default="", help="shown to the member and in the event log")
+        parser.add_argument("--actor", default=default_actor(), help="who did it (default cli:<user>)")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        try:
+            fence_member(opts["group"], opts["member_id"], reason=opts["reason"], actor=opts["actor"])
+        except ServiceError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(f"fenced member {opts['member_id']} of group {opts['group']}; its shards are released")
