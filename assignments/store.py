@@ -260,5 +260,5 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
                 e.group_epoch, " ".join(f"{k}={v}" for k, v in e.detail.items()),
                 extra={"event": e.kind, "group": state.name, "stream": state.stream, "memberId": e.member_id,
                        "memberEpoch": e.member_epoch, "groupEpoch": e.group_epoch,
-                       "assignmentEpoch": state.assignment_epoch},
+                       "assignmentEpoch": e.detail.get("assignmentEpoch")},
             )

@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from assignments.views import HeartbeatView
 from coordinator_project import views
+from coordinator_project.metrics import metrics_view  # issue 5: Prometheus
 from groups.stream_views import ReshardView, RoutingView  # issue 3: routing + resharding
 from groups.views import DescribeGroupView
 
@@ -18,4 +19,5 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
+    path("metrics", metrics_view, name="metrics"),  # issue 5
 ]

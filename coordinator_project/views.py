@@ -1,8 +1,17 @@
 """Health endpoints: /healthz does no I/O; /readyz checks what a heartbeat needs."""
 from __future__ import annotations
 
+from functools import cache
+
+import redis
+from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
+from django.utils import timezone
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from groups.models import SweepRun
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -17,5 +26,41 @@ def readyz(request: HttpRequest) -> JsonResponse:
         checks["database"] = "ok"
     except Exception as exc:  # noqa: BLE001 - any failure means not ready
         checks["database"] = f"error: {exc.__class__.__name__}"
-    ready = all(v == "ok" for v in checks.values())
+    checks["redis"] = _check_redis()
+    if checks["database"] == "ok":
+        checks.update(_check_sweeps())
+    ready = all(v == "ok" or v.startswith("ok ") for v in checks.values())
     return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)
+
+
+# --- issue 5: Redis and sweep lag ------------------------------------------------------------
+@cache
+def _probe_client(url: str) -> redis.Redis:
+    # One quick attempt: redis-py 8 retries with backoff by default, far too long for a probe.
+    return redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
+
+
+def _check_redis() -> str:
+    try:
+        _probe_client(settings.REDIS_URL).ping()
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready
+        return f"error: {exc.__class__.__name__}"
+
+
+def _check_sweeps() -> dict[str, str]:
+    """Every recorded sweep must have finished within SWEEP_MAX_LAG_SECONDS (L1/L2 need it).
+
+    No record yet (a fresh install before beat's first tick) is not an error.
+    """
+    limit = settings.SWEEP_MAX_LAG_SECONDS
+    now = timezone.now()
+    checks = {}
+    for run in SweepRun.objects.order_by("name"):
+        key = f"sweep:{run.name}"
+        if run.last_finished_at is None:
+            checks[key] = "ok (never finished yet)"
+            continue
+        lag = (now - run.last_finished_at).total_seconds()
+        checks[key] = "ok" if lag <= limit else f"lagging: last finished {lag:.0f} s ago (limit {limit:.0f} s)"
+    return checks

@@ -1,0 +1,37 @@
+"""Gunicorn settings: `gunicorn -c coordinator_project/gunicorn.conf.py coordinator_project.wsgi`.
+
+It sets up prometheus_client's multiprocess mode, so /metrics sums the heartbeat counters
+of every worker whichever worker answers the scrape. The environment variable must be set
+before prometheus_client is first imported, which is why it happens here, in the master,
+before any worker forks or loads the app. Command-line flags override the defaults below.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+from typing import Any
+
+# 2 sync workers on 2 cores (docs: BASELINES.md); override with WEB_CONCURRENCY / -w.
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
+worker_class = "sync"
+
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    # One fresh directory per master: two servers on one host never mix their counters.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="rsc-prometheus-")
+_multiproc_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+os.makedirs(_multiproc_dir, exist_ok=True)
+
+
+def on_starting(server: Any) -> None:
+    # Counters of a previous run in a reused directory would be summed in: start from zero.
+    for path in glob.glob(os.path.join(_multiproc_dir, "*.db")):
+        os.remove(path)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    # Imported only now, after PROMETHEUS_MULTIPROC_DIR is set above.
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)

@@ -1,0 +1,222 @@
+"""/metrics, /readyz and the JSON log lines, against PostgreSQL and Redis.
+
+The multi-worker test runs gunicorn with coordinator_project/gunicorn.conf.py (2 workers,
+prometheus_client multiprocess mode) and checks that every scrape, whichever worker
+answers it, reports the heartbeats of all workers.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from django.test import Client, override_settings
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from coordinator_project.logging import JsonFormatter
+from groups.models import SweepRun
+from groups.sweeps import run_all_sweeps
+from members.services import fence_member
+
+from .conftest import ROOT, GroupFixture, Hb, free_port, live_database_url, make_group
+
+pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
+
+
+def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def metrics(client: Client) -> dict:
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r["Content-Type"].startswith("text/plain")
+    return scrape(r.content.decode())
+
+
+def test_metrics_move_when_heartbeats_arrive(hb: Hb, orders: GroupFixture):
+    c = Client()
+    before = metrics(c)
+    ok = value(before, "rsc_heartbeats_total", error_code="NONE", status="OK")
+    fenced = value(before, "rsc_heartbeats_total", error_code="FENCED_MEMBER_EPOCH", status="")
+    seen = value(before, "rsc_heartbeat_latency_seconds_count")
+
+    s, a = hb({"memberId": "a", "memberEpoch": 0})
+    s, b = hb({"memberId": "b", "memberEpoch": 0})
+    hb({"memberId": "a", "memberEpoch": 1})  # wrong epoch: FENCED_MEMBER_EPOCH
+    hb({"memberId": "a", "memberEpoch": a["memberEpoch"], "metadataEpoch": 1,
+        "ownedShards": a["assignment"]["assignedShards"]})  # REVOKE_PENDING
+    hb("{", raw=True)  # INVALID_REQUEST
+    hb({"memberId": "a", "memberEpoch": 0}, key="rsc_wrong")  # AUTHENTICATION_FAILED
+
+    after = metrics(c)
+    assert value(after, "rsc_heartbeats_total", error_code="NONE", status="OK") == ok + 2
+    assert value(after, "rsc_heartbeats_total", error_code="NONE", status="REVOKE_PENDING") >= 1
+    assert value(after, "rsc_heartbeats_total", error_code="FENCED_MEMBER_EPOCH", status="") == fenced + 1
+    assert value(after, "rsc_heartbeats_total", error_code="INVALID_REQUEST", status="") >= 1
+    assert value(after, "rsc_heartbeats_total", error_code="AUTHENTICATION_FAILED", status="") >= 1
+    assert value(after, "rsc_heartbeat_latency_seconds_count") == seen + 6
+    assert value(after, "rsc_heartbeat_latency_seconds_bucket", le="+Inf") >= seen + 6
+
+    # State at scrape time: a holds 2 revoking, b waits for them.
+    assert value(after, "rsc_group_members", group="g1", state="REVOKING") == 1
+    assert value(after, "rsc_group_members", group="g1", state="PENDING") == 1
+    assert value(after, "rsc_group_members", group="g1", state="FENCED") == 0
+    assert value(after, "rsc_group_shards", group="g1", state="granted") == 2
+    assert value(after, "rsc_group_shards", group="g1", state="revoking") == 2
+    assert value(after, "rsc_group_pending_shards", group="g1") == 2
+    assert value(after, "rsc_group_epoch", group="g1") == 3
+    assert value(after, "rsc_stream_resharding_state", stream="orders", state="STABLE") == 1
+    assert value(after, "rsc_stream_resharding_state", stream="orders", state="DRAINING") == 0
+    assert value(after, "rsc_stream_versions", stream="orders", state="ACTIVE") == 1
+
+    fence_member("g1", "a", actor="test")
+    after = metrics(c)
+    assert value(after, "rsc_group_members", group="g1", state="FENCED") == 1
+    assert value(after, "rsc_group_shards", group="g1", state="unowned") == 4
+    assert value(after, "rsc_group_pending_shards", group="g1") == 4
+
+
+def test_metrics_show_sweep_lag_and_resharding(orders: GroupFixture):
+    from groups.resharding import start_reshard
+
+    run_all_sweeps()
+    samples = metrics(Client())
+    assert 0 <= value(samples, "rsc_sweep_lag_seconds", sweep="liveness") < 60
+    assert ("rsc_sweep_lag_seconds", (("sweep", "resharding"),)) in samples
+    start_reshard("orders", 8, actor="test")
+    samples = metrics(Client())
+    assert value(samples, "rsc_stream_resharding_state", stream="orders", state="PREPARING") == 1
+    assert value(samples, "rsc_stream_write_version", stream="orders") == 2
+    assert value(samples, "rsc_stream_versions", stream="orders", state="ACTIVE") == 2
+
+
+@override_settings(METRICS_TOKEN="s3cret")
+def test_metrics_token_when_configured(db: None):
+    assert Client().get("/metrics").status_code == 401
+    assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer nope").status_code == 401
+    assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
+
+
+# --- /readyz ---------------------------------------------------------------------------------------
+def test_readyz_checks_database_redis_and_sweep_lag(db: None):
+    c = Client()
+    r = c.get("/readyz")
+    assert r.status_code == 200 and r.json()["checks"] == {"database": "ok", "redis": "ok"}
+    run_all_sweeps()
+    r = c.get("/readyz")
+    assert r.status_code == 200
+    assert r.json()["checks"]["sweep:liveness"] == "ok" and r.json()["checks"]["sweep:resharding"] == "ok"
+    # A stalled beat: the last liveness sweep finished long ago (the row as a stalled sweep leaves it).
+    SweepRun.objects.filter(name="liveness").update(last_finished_at=timezone.now() - timedelta(minutes=5))
+    r = c.get("/readyz")
+    assert r.status_code == 503 and r.json()["status"] == "unavailable"
+    assert r.json()["checks"]["sweep:liveness"].startswith("lagging: last finished 300 s ago")
+
+
+def test_readyz_fails_without_redis(db: None):
+    with override_settings(REDIS_URL=f"redis://127.0.0.1:{free_port()}/0"):
+        started = time.monotonic()
+        r = Client().get("/readyz")
+    assert r.status_code == 503 and r.json()["checks"]["redis"].startswith("error: ")
+    assert time.monotonic() - started < 3  # one quick attempt, no retry storm
+
+
+# --- logs ------------------------------------------------------------------------------------------
+def test_json_log_line_per_event_and_per_rejected_heartbeat(hb: Hb, orders: GroupFixture, caplog):
+    caplog.set_level(logging.INFO)
+    s, a = hb({"memberId": "a", "memberEpoch": 0})
+    hb({"memberId": "a", "memberEpoch": a["memberEpoch"], "metadataEpoch": 1})  # steady: no event, no line
+    fence_member("g1", "a", reason="stuck", actor="alice")
+    hb({"memberId": "a", "memberEpoch": a["memberEpoch"], "metadataEpoch": 1})
+    fmt = JsonFormatter()
+    lines = [json.loads(fmt.format(r)) for r in caplog.records if r.name in ("coordinator.events", "coordinator.heartbeat")]
+    events = [(line["event"], line.get("memberId")) for line in lines]
+    assert events == [
+        ("rebalanced", ""), ("joined", "a"), ("fenced", "a"), ("rebalanced", ""), ("heartbeat_rejected", "a"),
+    ]
+    joined = lines[1]
+    # The same fields as the Event row: the join is recorded before the member's first epoch.
+    assert joined["group"] == "g1" and joined["stream"] == "orders" and joined["memberEpoch"] == 0
+    assert joined["groupEpoch"] == 2 and joined["level"] == "INFO"
+    fenced = lines[2]
+    assert fenced["memberEpoch"] == 2 and fenced["groupEpoch"] == 2 and lines[3]["assignmentEpoch"] == 3
+    assert "reason=stuck" in fenced["message"] and "actor=alice" in fenced["message"]
+    rejected = lines[-1]
+    assert rejected["level"] == "WARNING" and rejected["memberEpoch"] == a["memberEpoch"]
+    assert "FENCED_MEMBER_EPOCH" in rejected["message"] and "stuck" in rejected["message"]
+
+
+# --- several gunicorn workers ----------------------------------------------------------------------
+@pytest.fixture
+def gunicorn_with_config(transactional_db: None, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """gunicorn -c coordinator_project/gunicorn.conf.py, 2 workers, on the test database."""
+    port = free_port()
+    prom = tmp_path / "prom"
+    env = dict(os.environ, DATABASE_URL=live_database_url(), PYTHONUNBUFFERED="1",
+               PROMETHEUS_MULTIPROC_DIR=str(prom))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn.conf.py",
+         "-w", "2", "-b", f"127.0.0.1:{port}", "--log-level", "warning", "coordinator_project.wsgi"],
+        cwd=ROOT, env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("gunicorn did not start")
+        time.sleep(0.05)
+    try:
+        yield url, prom
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.mark.slow
+def test_counters_are_summed_over_gunicorn_workers(gunicorn_with_config: tuple[str, Path]):
+    url, prom = gunicorn_with_config
+    fx = make_group()
+    headers = {"Authorization": f"Bearer {fx.key}"}
+    sent = 0
+    # Fresh connections until both workers have answered heartbeats (their counter files exist).
+    deadline = time.monotonic() + 20
+    while len({p.name.rsplit("_", 1)[-1] for p in prom.glob("counter_*.db")}) < 2:
+        assert time.monotonic() < deadline, "the second worker never answered"
+        r = httpx.post(f"{url}/api/v1/groups/g1/heartbeat", json={"memberId": f"m{sent}", "memberEpoch": 0},
+                       headers=headers, timeout=5)
+        assert r.status_code == 200
+        sent += 1
+    for _ in range(6):  # whichever worker answers, it reports every worker's heartbeats
+        samples = scrape(httpx.get(f"{url}/metrics", timeout=5).text)
+        assert value(samples, "rsc_heartbeats_total", error_code="NONE", status="OK") + value(
+            samples, "rsc_heartbeats_total", error_code="NONE", status="REVOKE_PENDING"
+        ) == sent
+        assert value(samples, "rsc_heartbeat_latency_seconds_count") == sent
+        assert sum(v for (n, labels), v in samples.items() if n == "rsc_group_members"
+                   and dict(labels)["group"] == "g1") == sent
