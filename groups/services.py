@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import secrets
 import time
@@ -10,8 +11,9 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 
 from assignments.models import ShardAssignment
+from assignments.store import lock_group
 from coordination.shardmath import shard_id
-from groups.models import ApiKey, Group, Shard, ShardVersion, StartPosition, Stream, VersionState
+from groups.models import ApiKey, Event, Group, Shard, ShardVersion, StartPosition, Stream, VersionState
 
 STREAM_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")  # no ':' — shard ids are stream:v:i
 GROUP_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
@@ -155,3 +157,69 @@ def resolve_api_key(raw: str) -> KeyScope | None:
 
 def clear_key_cache() -> None:
     _key_cache.clear()
+
+
+# --- group configuration (admin, CLI) -------------------------------------------------------
+log = logging.getLogger(__name__)
+
+# What an operator may change on a group; names, the stream and every epoch are not settings.
+GROUP_CONFIG_FIELDS = (
+    "heartbeat_interval_ms", "session_timeout_ms", "rebalance_timeout_ms", "max_members", "start_position",
+)
+
+
+def validate_group_config(
+    *,
+    heartbeat_interval_ms: int,
+    session_timeout_ms: int,
+    rebalance_timeout_ms: int,
+    max_members: int,
+    start_position: str,
+) -> None:
+    """The bounds create_group enforces, for a complete set of settings (forms call it too)."""
+    _check_int("heartbeat interval (ms)", heartbeat_interval_ms, 10, MAX_TIMEOUT_MS)
+    _check_int("session timeout (ms)", session_timeout_ms, 100, MAX_TIMEOUT_MS)
+    _check_int("rebalance timeout (ms)", rebalance_timeout_ms, 100, MAX_TIMEOUT_MS)
+    _check_int("max members", max_members, 1, 100_000)
+    if session_timeout_ms <= heartbeat_interval_ms:
+        raise ServiceError("session timeout must be longer than the heartbeat interval")
+    if start_position not in StartPosition.values:
+        raise ServiceError(f"start position must be one of {', '.join(StartPosition.values)}")
+
+
+def update_group_config(name: str, /, *, actor: str, **fields: object) -> Group:
+    """Change a group's settings; members learn them through metadataEpoch (R7, SYNC_METADATA).
+
+    Validated as a whole (the new values merged over the current ones) under the group's row
+    lock, so two concurrent edits cannot combine into an invalid pair. No-op edits change
+    nothing: no epoch bump, no event.
+    """
+    unknown = sorted(set(fields) - set(GROUP_CONFIG_FIELDS))
+    if unknown:
+        raise ServiceError(
+            f"not a group setting: {', '.join(unknown)} (settings: {', '.join(GROUP_CONFIG_FIELDS)})"
+        )
+    with transaction.atomic():
+        group = lock_group(name)
+        if group is None:
+            raise ServiceError(f"group {name!r} does not exist")
+        current = {f: getattr(group, f) for f in GROUP_CONFIG_FIELDS}
+        validate_group_config(**{**current, **fields})  # type: ignore[arg-type]
+        changed = {f: v for f, v in fields.items() if current[f] != v}
+        if not changed:
+            return group
+        for f, v in changed.items():
+            setattr(group, f, v)
+        # Under the row lock, so read-increment-write cannot lose a concurrent bump.
+        group.metadata_epoch += 1
+        group.save(update_fields=[*changed, "metadata_epoch"])
+        detail = {f: {"from": current[f], "to": v} for f, v in changed.items()}
+        Event.objects.create(
+            kind="config_changed", group=group, stream_id=group.stream_id, actor=actor,
+            group_epoch=group.group_epoch, detail={**detail, "metadataEpoch": group.metadata_epoch},
+        )
+    log.info(
+        "config_changed group=%s by %s: %s", name, actor, ", ".join(f"{f}={v}" for f, v in changed.items()),
+        extra={"event": "config_changed", "group": name, "groupEpoch": group.group_epoch},
+    )
+    return group
