@@ -5,11 +5,12 @@ group's row lock (`lock_group`) for the whole load → core → save sequence.
 """
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
-from django.db.models import Q
+from django.db import connection
 
 from assignments.models import ShardAssignment
 from coordination.model import LIVE_STATUSES, GroupState, Member, MemberStatus, ShardSlot
@@ -82,6 +83,18 @@ def _member_pk(loaded: Loaded, name: str | None) -> int | None:
         return int(name[len(_UNLOADED):])
     return loaded.member_pk[name]
 
+def _in(values: tuple[str, ...] | list[str]) -> str:
+    """A portable IN list (SQLite has no = ANY); (NULL) matches nothing."""
+    return "(" + ", ".join(["%s"] * len(values)) + ")" if values else "(NULL)"
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    # Raw SQLite rows carry naive UTC datetimes (the ORM would attach the zone).
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
 _MEMBER_COLUMNS = (
     "id", "member_id", "status", "member_epoch", "previous_member_epoch", "client_id",
     "rebalance_timeout_ms", "last_heartbeat_at", "revocation_deadline",
@@ -108,16 +121,47 @@ def load_state(
     """
     loaded = Loaded(group=group)
     members: dict[str, Member] = {}
+    also_members = tuple(also_members) + ((only_member,) if only_member else ())
+    member_sql = f"SELECT {', '.join(_MEMBER_COLUMNS)} FROM {MemberRow._meta.db_table} WHERE group_id = %s"
     if only_member is not None:
-        rows = MemberRow.objects.filter(group=group, member_id=only_member)
+        member_sql += " AND member_id = %s"
+        member_params: list[object] = [group.pk, only_member]
     else:
-        rows = MemberRow.objects.filter(group=group).filter(
-            Q(status__in=_LIVE) | Q(member_id__in=also_members)
-        )
-    if lock_members:
-        rows = rows.select_for_update()
+        member_sql += f" AND (status IN {_in(_LIVE)} OR member_id IN {_in(also_members)})"
+        member_params = [group.pk, *_LIVE, *also_members]
+    if lock_members and connection.features.has_select_for_update:
+        member_sql += " FOR UPDATE"
+    slot_sql = (
+        "SELECT id, shard_id, owner_id, revoking, grant_epoch, target_id, drained_at"
+        f" FROM {ShardAssignment._meta.db_table} WHERE group_id = %s"
+    )
+    with connection.cursor() as cursor:
+        # Raw rows: the ORM's per-row machinery costs more than the query for big groups.
+        cursor.execute(member_sql, member_params)
+        member_rows = cursor.fetchall()
+        pk_member = {row[0]: row[1] for row in member_rows}
+        if only_member is not None:
+            pk = next(iter(pk_member), None)
+            slot_sql += (
+                " AND (owner_id = %s OR target_id = %s OR shard_id IN"
+                f" (SELECT id FROM {Shard._meta.db_table} WHERE shard_id IN {_in(claimed)}))"
+            )
+            cursor.execute(slot_sql, [group.pk, pk, pk, *claimed])
+        else:
+            cursor.execute(slot_sql, [group.pk])
+        slot_rows = cursor.fetchall()
+        want_report = [m for m in also_members if m in pk_member.values()]
+        reports: dict[str, list[str]] = {}
+        if want_report:
+            cursor.execute(
+                f"SELECT member_id, last_reported_owned FROM {MemberRow._meta.db_table}"
+                f" WHERE group_id = %s AND member_id IN {_in(want_report)}",
+                [group.pk, *want_report],
+            )
+            reports = {mid: owned if isinstance(owned, list) else json.loads(owned or "[]")
+                       for mid, owned in cursor.fetchall()}
     for (pk, mid, status, epoch, prev, client_id, rto, last_hb, deadline_at,
-         reason, by) in rows.values_list(*_MEMBER_COLUMNS):
+         reason, by) in member_rows:
         loaded.member_pk[mid] = pk
         members[mid] = Member(
             member_id=mid,
@@ -127,28 +171,13 @@ def load_state(
             client_id=client_id,
             rebalance_timeout_ms=rto,
             joined_at=None,  # not needed by the core; written only when a join sets it
-            last_heartbeat_at=last_hb,
-            revocation_deadline=deadline_at,
-            last_reported_owned=None,
+            last_heartbeat_at=_aware(last_hb),
+            revocation_deadline=_aware(deadline_at),
+            # Only the heartbeating member's last report matters (R3, ownedShards null).
+            last_reported_owned=tuple(reports[mid]) if mid in reports else None,
             fenced_reason=reason,
             fenced_by=by,
         )
-    # Only the heartbeating member's last report matters (R3 with ownedShards null).
-    for mid, owned in MemberRow.objects.filter(group=group, member_id__in=also_members).values_list(
-        "member_id", "last_reported_owned"
-    ):
-        members[mid].last_reported_owned = tuple(owned or ())
-    pk_member = {pk: mid for mid, pk in loaded.member_pk.items()}
-    slots = ShardAssignment.objects.filter(group=group)
-    if only_member is not None:
-        pk = loaded.member_pk.get(only_member)
-        mine = Q(owner_id=pk) | Q(target_id=pk) if pk else Q(pk__in=[])
-        slots = slots.filter(mine | Q(shard__shard_id__in=claimed))
-    slot_rows = list(
-        slots.values_list(
-            "id", "shard_id", "owner_id", "revoking", "grant_epoch", "target_id", "drained_at"
-        )
-    )
     catalogue = _shard_catalogue(
         group.stream_id, group.stream.metadata_epoch, {row[1] for row in slot_rows}
     )
@@ -161,7 +190,7 @@ def load_state(
             continue
         loaded.slot_pk[info.shard_id] = pk
         if drained_at is not None:
-            loaded.drained_at[info.shard_id] = drained_at
+            loaded.drained_at[info.shard_id] = _aware(drained_at)
         shards[info.shard_id] = ShardSlot(
             shard_id=info.shard_id,
             parents=info.parents,

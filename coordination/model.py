@@ -92,7 +92,7 @@ class HeartbeatRequest:
     drained_shards: tuple[str, ...] = ()
 
 
-@dataclass
+@dataclass(slots=True)
 class Member:
     member_id: str
     status: MemberStatus
@@ -112,7 +112,7 @@ class Member:
         return self.status in LIVE_STATUSES
 
 
-@dataclass
+@dataclass(slots=True)
 class ShardSlot:
     """One shard as one group sees it: target member, current owner, grant epoch, drain."""
 

@@ -1,6 +1,8 @@
 """The heartbeat rules R1–R9 of PROTOCOL.md §4 on the pure core (no database)."""
 from __future__ import annotations
 
+import dataclasses
+
 from coordination import engine
 from coordination.model import (
     HeartbeatRequest,
@@ -259,10 +261,10 @@ def test_r8_fenced_heartbeat_changes_nothing():
     state = make_group(2)
     a = Client(state, "a")
     a.join()
-    snapshot = (state.group_epoch, dict(state.members["a"].__dict__))
+    snapshot = (state.group_epoch, dataclasses.replace(state.members["a"]))
     r = a.send(member_epoch=99)
     assert r.error_code == "FENCED_MEMBER_EPOCH"
-    assert (state.group_epoch, dict(state.members["a"].__dict__)) == snapshot
+    assert (state.group_epoch, state.members["a"]) == snapshot
 
 
 def test_r8_operator_fence_removes_member_and_next_heartbeat_is_fenced():
