@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from assignments.store import load_state, lock_group, save_state
 from coordination import engine
 from coordination.model import LIVE_STATUSES, GroupState, MemberStatus
+from groups.models import Group
 from groups.services import ServiceError
 from members.models import Member
 
@@ -96,16 +97,16 @@ def groups_due_for_sweep(now: datetime) -> list[str]:
     """Groups with a live member past its session or revocation deadline (cheap, no locks).
 
     Only a hint: the locked pass re-checks through the core, so a heartbeat that lands in
-    between simply makes that pass a no-op.
+    between simply makes that pass a no-op. One query; the per-group session cutoff is
+    computed here (SQLite has no interval arithmetic).
     """
-    session_deadline = ExpressionWrapper(
-        F("last_heartbeat_at") + F("group__session_timeout_ms") * _ONE_MS, output_field=DateTimeField()
-    )
-    due = (
+    due = Q(revocation_deadline__lt=now) | Q(last_heartbeat_at__isnull=True)
+    for group_id, timeout_ms in Group.objects.values_list("id", "session_timeout_ms"):
+        due |= Q(group_id=group_id, last_heartbeat_at__lt=now - timeout_ms * _ONE_MS)
+    names = (
         Member.objects.filter(status__in=[s.value for s in LIVE_STATUSES])
-        .annotate(session_deadline=session_deadline)
-        .filter(Q(session_deadline__lt=now) | Q(revocation_deadline__lt=now) | Q(last_heartbeat_at__isnull=True))
+        .filter(due)
         .values_list("group__name", flat=True)
         .distinct()
     )
-    return sorted(set(due))
+    return sorted(set(names))
