@@ -33,7 +33,9 @@ class Loaded:
 
 def lock_group(name: str) -> Group | None:
     """Take the group's row lock (held until the surrounding transaction ends)."""
-    return Group.objects.select_for_update().select_related("stream").filter(name=name).first()
+    # of=("self",): without it FOR UPDATE also locks the joined stream row, which serialises
+    # every group of a stream and deadlocks with resharding (stream lock, then group locks).
+    return Group.objects.select_for_update(of=("self",)).select_related("stream").filter(name=name).first()
 
 
 @dataclass(frozen=True)
