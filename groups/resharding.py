@@ -99,9 +99,9 @@ def start_reshard(stream: str, shards: int, *, actor: str = "operator") -> Shard
 def advance_resharding(now: datetime | None = None) -> dict[str, Any]:
     """One pass over every stream that is resharding: seal, then retire what is drained.
 
-    Safe with several sweepers at once: each step re-checks the state under the stream's row
-    lock (a stream another sweeper holds is skipped, not waited for), and seal markers are
-    written with SET NX, so a repeat changes nothing.
+    Safe with several sweepers at once: each step takes the stream's row lock and re-checks
+    the state under it, so a second sweeper waits and then finds the step done; seal markers
+    are written with SET NX, so even a repeat would change nothing.
     """
     now = now or timezone.now()
     result: dict[str, Any] = {}
@@ -116,7 +116,7 @@ def advance_resharding(now: datetime | None = None) -> dict[str, Any]:
 def _advance_stream(name: str, now: datetime) -> dict[str, Any]:
     steps: dict[str, Any] = {}
     with transaction.atomic():
-        row = _lock_stream(name, skip_locked=True)
+        row = _lock_stream(name)
         if row is not None and row.state == StreamState.PREPARING:
             # Committed on its own so SEALING shows while (or if) the markers are being written.
             _set_stream_state(row, StreamState.SEALING, now)
@@ -124,7 +124,7 @@ def _advance_stream(name: str, now: datetime) -> dict[str, Any]:
             steps["state"] = StreamState.SEALING.value
     try:
         with transaction.atomic():
-            row = _lock_stream(name, skip_locked=True)
+            row = _lock_stream(name)
             if row is not None and row.state == StreamState.SEALING:
                 steps.update(_seal(row, now))
     except redis.RedisError as exc:
@@ -133,7 +133,7 @@ def _advance_stream(name: str, now: datetime) -> dict[str, Any]:
         steps.update(state=StreamState.SEALING.value, error=f"seal markers not written: {exc}")
         return steps
     with transaction.atomic():
-        row = _lock_stream(name, skip_locked=True)
+        row = _lock_stream(name)
         if row is not None and row.state == StreamState.DRAINING:
             steps.update(_drain_or_retire(row, now))
     return steps
@@ -218,10 +218,12 @@ def _repair_missing_slots(row: Stream, now: datetime) -> None:
 
 
 # --- helpers ---------------------------------------------------------------------------------
-def _lock_stream(name: str, *, skip_locked: bool = False) -> Stream | None:
+def _lock_stream(name: str) -> Stream | None:
     # NO KEY UPDATE: heartbeats insert Event rows referencing the stream (FOR KEY SHARE) while
     # holding their group lock; a plain FOR UPDATE here would deadlock with them.
-    return Stream.objects.select_for_update(no_key=True, skip_locked=skip_locked).filter(name=name).first()
+    # Blocking, not SKIP LOCKED: two sweepers skipping each other's short steps could both
+    # end a pass with nothing done; waiting and re-checking the state does each step once.
+    return Stream.objects.select_for_update(no_key=True).filter(name=name).first()
 
 
 def _groups_of(row: Stream) -> list[Group]:

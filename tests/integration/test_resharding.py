@@ -7,16 +7,22 @@ revoked, and v is retired only when every group drained it and nobody holds it.
 """
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
 from django.core.management import call_command
+from django.db import connections
 from django.test import override_settings
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from assignments.models import ShardAssignment
-from assignments.services import describe_group
+from assignments.services import describe_group, heartbeat
+from coordination.model import HeartbeatRequest, RevokeReport, RevokeState
 from coordination.shardmath import hash_range, shard_id
 from groups.metadata import seal_key
 from groups.models import Event, Group, ShardVersion, Stream
@@ -275,3 +281,73 @@ def test_s6_group_created_mid_reshard_gets_the_new_version(api: APIClient, strea
     run_all_sweeps()  # drains (repairs)
     assert ShardAssignment.objects.filter(group__name="rs-late-g2", shard__version__version=2).count() == 4
     assert Group.objects.get(name="rs-late-g2").metadata_epoch > epoch
+
+
+def _member_thread(group: str, member_id: str, stop: threading.Event, errors: list[str]) -> None:
+    """A member on its own thread and DB connection: C1–C5, REVOKED at once, and it reports
+    every sealed shard it owns as drained (as if read to the end)."""
+    epoch, metadata_epoch = 0, None
+    owned: list[str] = []
+    to_revoke: list[str] = []
+    sealed: set[str] = set()
+    try:
+        while not stop.is_set():
+            req = HeartbeatRequest(
+                member_id=member_id, member_epoch=epoch, metadata_epoch=metadata_epoch,
+                owned_shards=tuple(owned),
+                revoking_shards=tuple(RevokeReport(s, RevokeState.REVOKED) for s in to_revoke),
+                drained_shards=tuple(s for s in owned if s in sealed),
+            )
+            result = heartbeat(group, req, timezone.now())
+            r = result.response
+            if r.error_code != "NONE":
+                errors.append(f"{member_id}: {r.error_code} {r.error_message}")
+                return
+            assert r.assignment is not None and result.metadata is not None
+            epoch, metadata_epoch = r.member_epoch, result.metadata["metadataEpoch"]
+            if "versions" in result.metadata:
+                sealed = {s["shardId"] for v in result.metadata["versions"] if v["state"] == "SEALED"
+                          for s in v["shards"]}
+            to_revoke = list(r.assignment.revoking)
+            owned = [s for s in owned if s in r.assignment.assigned]
+            if r.status == "OK":
+                owned = sorted(set(owned) | set(r.assignment.assigned))
+            stop.wait(0.005)  # pacing only
+    except Exception as exc:  # e.g. a deadlock error would land here
+        errors.append(f"{member_id}: {exc!r}")
+    finally:
+        connections.close_all()
+
+
+def _poll(condition: Callable[[], bool], what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_s6_reshard_while_members_heartbeat_concurrently(stream_redis: redis.Redis):
+    """Heartbeats on their own connections race every reshard step (locks, no deadlock);
+    the stream still ends STABLE with every child owned once."""
+    make_group(stream="rs-race", group="rs-race-g", shards=4, heartbeat_interval_ms=50)
+    stop, errors = threading.Event(), []
+    threads = [threading.Thread(target=_member_thread, args=("rs-race-g", m, stop, errors)) for m in ("a", "b", "c")]
+    for t in threads:
+        t.start()
+    try:
+        owned = ShardAssignment.objects.filter(group__name="rs-race-g", owner__isnull=False)
+        _poll(lambda: owned.count() == 4 and not errors, "v1 granted")
+        start_reshard("rs-race", 3)
+
+        def advanced() -> bool:
+            run_all_sweeps()
+            return Stream.objects.get(name="rs-race").state == "STABLE" or bool(errors)
+
+        _poll(advanced, "the reshard to finish")
+        _poll(lambda: owned.filter(shard__version__version=2).count() == 3 or bool(errors), "v2 granted")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert errors == []
+    assert set(owned.values_list("shard__shard_id", flat=True)) == {"rs-race:2:0", "rs-race:2:1", "rs-race:2:2"}

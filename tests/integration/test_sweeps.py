@@ -87,19 +87,24 @@ def test_l3_two_concurrent_liveness_sweeps_expire_each_member_once():
     assert run_liveness_sweep(now) == {"expired": {}, "fenced": {}}
 
 
-def test_l3_two_concurrent_resharding_sweeps_seal_once(stream_redis: redis.Redis):
+def test_l3_two_concurrent_resharding_sweeps_seal_and_retire_once(stream_redis: redis.Redis):
     create_stream("rs-conc", 4)
     create_group("rs-conc-g", "rs-conc")
     join("rs-conc-g", "m", timezone.now())  # holds v1, so the stream stops at DRAINING
     start_reshard("rs-conc", 2)
+    create_stream("rs-conc2", 3)  # no groups: sealed and retired in the same pass
+    start_reshard("rs-conc2", 5)
     stream_epoch = Stream.objects.get(name="rs-conc").metadata_epoch
     group_epoch = Group.objects.get(name="rs-conc-g").metadata_epoch
 
     results = concurrently(lambda: run_resharding_sweep(timezone.now()))
 
-    assert sum("sealed" in r.get("rs-conc", {}) for r in results) == 1
-    assert Event.objects.filter(kind="version_sealed").count() == 1
-    assert Event.objects.filter(kind="reshard_sealing").count() == 1
+    assert sum("sealed" in r.get("rs-conc", {}) for r in results) == 1, results
+    assert sum("retired" in r.get("rs-conc2", {}) for r in results) == 1, results
+    for stream, kinds in {"rs-conc": ["reshard_started", "reshard_sealing", "version_sealed"],
+                          "rs-conc2": ["reshard_started", "reshard_sealing", "version_sealed", "version_retired"]}.items():
+        assert list(Event.objects.filter(stream__name=stream, group=None).order_by("id").values_list("kind", flat=True)) == kinds
+    assert Stream.objects.get(name="rs-conc2").state == "STABLE"
     row = Stream.objects.get(name="rs-conc")
     assert (row.state, row.metadata_epoch) == ("DRAINING", stream_epoch + 2)  # SEALING, DRAINING
     assert Group.objects.get(name="rs-conc-g").metadata_epoch == group_epoch + 1
