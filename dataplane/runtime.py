@@ -688,15 +688,18 @@ class Runtime:
             self._run_batch_ack_before(st, msgs)
             return
         done: list[str] = []
-        dropped = 0
+        # Finished without an ACK by the acker: left pending (shard stopping) or moved to the
+        # DLQ (its script ACKed). They still count down the shard's in-flight number.
+        other = 0
         handler = self.handler
         for i, msg in enumerate(msgs):
             if st.status is not ACTIVE and st.status is not RECOVERING:
-                dropped = len(msgs) - i  # left pending for the next owner (or our recovery)
+                other += len(msgs) - i  # left pending for the next owner (or our recovery)
                 break
             if msg.delivery_count > self.cfg.max_deliveries:
                 # Came back more often than allowed (e.g. it crashed the process): DLQ it.
                 self._to_dlq(st, msg, "max deliveries exceeded before handling", True)
+                other += 1
                 continue
             try:
                 handler(msg)
@@ -704,13 +707,15 @@ class Runtime:
                 outcome = self._retry(st, msg, exc, ack=True)
                 if outcome == "ack":
                     done.append(msg.id)
-                elif outcome == "stop":
-                    dropped = len(msgs) - i
+                elif outcome == "dlq":
+                    other += 1
+                else:  # "stop"
+                    other += len(msgs) - i
                     break
                 continue
             done.append(msg.id)
         self.stats["handled"] += len(done)
-        self._acks.put((st, done, dropped))
+        self._acks.put((st, done, other))
 
     def _run_batch_ack_before(self, st: ShardState, msgs: list[Message]) -> None:
         if st.status is not ACTIVE and st.status is not RECOVERING:

@@ -142,6 +142,9 @@ def test_retry_then_dlq_after_max_deliveries(r, prefix, start_runtime) -> None:
     assert dlq_fields["dlq:error"] == "ValueError: boom 3"
     assert dlq_fields["dlq:id"] == bad_id and dlq_fields["dlq:shard"] == shard
     assert dlq_fields["payload"] == "x" and dlq_fields["key"] == "bad"
+    # Every message, the DLQ'd one included, is accounted for: a revocation can complete.
+    rt.revoke(shard)
+    wait_until(lambda: rt.in_flight(shard) == 0, what="in-flight back to 0")
 
 
 def test_recovered_message_past_max_deliveries_goes_to_dlq_unrun(r, prefix, start_runtime):
@@ -157,6 +160,8 @@ def test_recovered_message_past_max_deliveries_goes_to_dlq_unrun(r, prefix, star
     wait_until(lambda: r.xlen(keys.dlq("g")) == 1, what="DLQ")
     wait_until(lambda: pending(r, keys.stream) == 0)
     assert ran == []
+    rt.revoke(shard)
+    wait_until(lambda: rt.in_flight(shard) == 0, what="in-flight back to 0")
 
 
 def test_idempotency_marker(r, prefix, start_runtime) -> None:
