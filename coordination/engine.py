@@ -122,9 +122,9 @@ def r1_join(state: GroupState, req: HeartbeatRequest, now: datetime) -> Heartbea
     state.members[req.member_id] = member
     state.touch_member(member)
     bump_group_epoch(state)
-    state.emit("rejoined" if rejoin else "joined", member, clientId=req.client_id)
     # A join is answered with full metadata and is not held back by R7.
     status = r6_reconcile(state, member, now, drain_only=False)
+    state.emit("rejoined" if rejoin else "joined", member, clientId=req.client_id)
     return _answer(state, member, status, full_metadata=True)
 
 

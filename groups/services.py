@@ -63,14 +63,13 @@ def create_group(
 ) -> Group:
     if not GROUP_NAME_RE.match(name or ""):
         raise ServiceError(f"group name {name!r} must be 1-200 characters of [A-Za-z0-9._-]")
-    _check_int("heartbeat interval (ms)", heartbeat_interval_ms, 10, MAX_TIMEOUT_MS)
-    _check_int("session timeout (ms)", session_timeout_ms, 100, MAX_TIMEOUT_MS)
-    _check_int("rebalance timeout (ms)", rebalance_timeout_ms, 100, MAX_TIMEOUT_MS)
-    _check_int("max members", max_members, 1, 100_000)
-    if session_timeout_ms <= heartbeat_interval_ms:
-        raise ServiceError("session timeout must be longer than the heartbeat interval")
-    if start_position not in StartPosition.values:
-        raise ServiceError(f"start position must be one of {', '.join(StartPosition.values)}")
+    validate_group_config(
+        heartbeat_interval_ms=heartbeat_interval_ms,
+        session_timeout_ms=session_timeout_ms,
+        rebalance_timeout_ms=rebalance_timeout_ms,
+        max_members=max_members,
+        start_position=start_position,
+    )
     stream_row = Stream.objects.filter(name=stream).first()
     if stream_row is None:
         raise ServiceError(f"stream {stream!r} does not exist")
