@@ -152,8 +152,8 @@ def test_json_log_line_per_event_and_per_rejected_heartbeat(hb: Hb, orders: Grou
         ("rebalanced", ""), ("joined", "a"), ("fenced", "a"), ("rebalanced", ""), ("heartbeat_rejected", "a"),
     ]
     joined = lines[1]
-    # The same fields as the Event row: the join is recorded before the member's first epoch.
-    assert joined["group"] == "g1" and joined["stream"] == "orders" and joined["memberEpoch"] == 0
+    # The same fields as the Event row: the join carries the epoch the member was given.
+    assert joined["group"] == "g1" and joined["stream"] == "orders" and joined["memberEpoch"] == a["memberEpoch"] == 2
     assert joined["groupEpoch"] == 2 and joined["level"] == "INFO"
     fenced = lines[2]
     assert fenced["memberEpoch"] == 2 and fenced["groupEpoch"] == 2 and lines[3]["assignmentEpoch"] == 3
