@@ -13,12 +13,15 @@ crash is harmless, and fsync stalls would otherwise gate every heartbeat.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import InterfaceError, OperationalError, connections
+from django.db import DatabaseError, connections
 
 from coordination.model import HeartbeatRequest
+
+log = logging.getLogger(__name__)
 
 _SQL = """
 WITH me AS (
@@ -89,9 +92,11 @@ def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> Steady
         with conn.cursor() as cursor:
             cursor.execute(_SQL, params)
             row = cursor.fetchone()
-    except (OperationalError, InterfaceError):
-        # No per-request health-check ping on this connection (a round trip per heartbeat):
-        # a broken connection is dropped here and this heartbeat takes the locked path.
+    except DatabaseError as exc:
+        # No per-request health-check ping on this connection (a round trip per heartbeat),
+        # and its statements are prepared (a migration can invalidate them): on any error
+        # the connection is dropped and this heartbeat takes the locked path, which decides.
+        log.warning("steady heartbeat path failed, using the locked path: %s", exc)
         conn.close()
         return None
     if row is None:

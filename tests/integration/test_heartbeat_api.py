@@ -224,3 +224,18 @@ def test_openapi_request_fields_match_the_validator():
     from coordination.wire import FIELDS
 
     assert set(HeartbeatRequestSerializer().fields) == FIELDS
+
+
+def test_steady_heartbeat_survives_a_broken_liveness_connection(hb: Hb):
+    from django.db import connections
+
+    body = join(hb)
+    req = {"memberId": "m1", "memberEpoch": body["memberEpoch"], "metadataEpoch": 1,
+           "ownedShards": body["assignment"]["assignedShards"]}
+    assert hb(req)[0] == 200  # opens the liveness connection
+    conn = connections["liveness"]
+    conn.ensure_connection()
+    conn.connection.close()  # psycopg closed underneath Django: the next use fails
+    s, r = hb(req)
+    assert s == 200 and r["status"] == "OK" and r["assignment"] == body["assignment"]
+    assert hb(req)[0] == 200  # and the path recovers with a new connection
