@@ -155,12 +155,17 @@ class Consumer:
                 self._apply(m.fence_locally(now, f"fence token taken on {sorted(lost)}"))
             req = m.poll(now)
             if req is not None:
+                sent_at = time.monotonic()
                 try:
                     status, body = self.transport.heartbeat(self.group, req)
                 except CoordinatorUnavailable as exc:
                     actions = m.on_failure(_now_ms(), repr(exc))
                 else:
                     actions = m.on_response(_now_ms(), status, body)
+                    if m.member_epoch > 0 and m.last_error is None:
+                        # Accepted: the coordinator saw us alive no earlier than sent_at, so
+                        # it cannot have expired us before sent_at + session timeout.
+                        rt.read_deadline = sent_at + m.session_timeout_ms / 1000
                 self._apply(actions)
                 if m.left:
                     return

@@ -222,6 +222,12 @@ class Runtime:
         self._threads: list[threading.Thread] = []
         self._reader_conn_id: int | None = None
         self._started = False
+        # The session lease (time.monotonic() seconds), kept by the Consumer: send time of the
+        # last accepted heartbeat + session timeout. Past it the coordinator may have expired
+        # us and handed our shards on, so the reader neither reads nor claims: a process that
+        # stalled (GC, VM pause, SIGSTOP) must not read its old shards again in the moment
+        # between resuming and its heartbeat loop noticing. inf: no lease (direct use).
+        self.read_deadline = float("inf")
         self.stats = {"handled": 0, "acked": 0, "failed": 0, "dlq": 0, "read_errors": 0}
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -379,6 +385,10 @@ class Runtime:
         while not self._stopping.is_set():
             try:
                 self._apply_control()
+                if time.monotonic() >= self.read_deadline:
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+                    continue
                 self._recover_step()
                 now = time.monotonic()
                 if now >= next_drain_check:
@@ -557,6 +567,9 @@ class Runtime:
         if self._reader_conn_id is None:
             self._reader_conn_id = self.read_client.client_id()
         block = None if (recovering or self._control or self._wake.is_set()) else self.cfg.block_ms
+        if block is not None and self.read_deadline != float("inf"):
+            # A blocked read can deliver entries until it ends: not past the lease.
+            block = max(1, min(block, int((self.read_deadline - time.monotonic()) * 1000)))
         self._wake.clear()
         streams = {s.stream: ">" for s in active}
         with self._lock:
