@@ -255,22 +255,24 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
         else:
             MemberRow.objects.filter(pk=pk).update(**values)
     if changes.shards:
+        # Plain UPDATEs sent as one pipelined batch: Django's bulk_update builds a CASE per
+        # field and row, which cost more than the rest of a join for big groups.
         rows = []
-        for shard_id in changes.shards:
+        for shard_id in sorted(changes.shards):
             slot = state.shards[shard_id]
-            rows.append(
-                ShardAssignment(
-                    pk=loaded.slot_pk[shard_id],
-                    owner_id=_member_pk(loaded, slot.owner),
-                    revoking=slot.revoking,
-                    grant_epoch=slot.grant_epoch,
-                    target_id=_member_pk(loaded, slot.target),
-                    drained_at=loaded.drained_at.setdefault(shard_id, now) if slot.drained else None,
-                )
+            drained_at = loaded.drained_at.setdefault(shard_id, now) if slot.drained else None
+            rows.append((
+                _member_pk(loaded, slot.owner), slot.revoking, slot.grant_epoch,
+                _member_pk(loaded, slot.target),
+                connection.ops.adapt_datetimefield_value(drained_at),  # SQLite: naive UTC text
+                loaded.slot_pk[shard_id],
+            ))
+        with connection.cursor() as cursor:
+            cursor.executemany(
+                f"UPDATE {ShardAssignment._meta.db_table} SET owner_id = %s, revoking = %s,"
+                " grant_epoch = %s, target_id = %s, drained_at = %s WHERE id = %s",
+                rows,
             )
-        ShardAssignment.objects.bulk_update(
-            rows, ["owner_id", "revoking", "grant_epoch", "target_id", "drained_at"], batch_size=1000
-        )
     if changes.events:
         Event.objects.bulk_create(
             Event(

@@ -106,7 +106,7 @@ class SimMember:
                        and data["memberEpoch"] == data["assignmentEpoch"])
 
 
-async def converge(url: str, group: str, key: str) -> tuple[float, int, int]:
+async def converge(url: str, group: str, key: str) -> tuple[float, int, int, list[float]]:
     import httpx
 
     members = [SimMember(f"m{i:04d}") for i in range(MEMBERS)]
@@ -127,13 +127,16 @@ async def converge(url: str, group: str, key: str) -> tuple[float, int, int]:
 
         start = time.monotonic()
         await asyncio.gather(*(beat(m) for m in members))
+        phases = [time.monotonic() - start]  # the joins, then each round of heartbeats
         rounds = 0
         while True:
             rounds += 1
+            mark = time.monotonic()
             await asyncio.gather(*(beat(m) for m in members))
+            phases.append(time.monotonic() - mark)
             epochs = {m.epoch for m in members}
             if all(m.stable for m in members) and len(epochs) == 1:
-                return time.monotonic() - start, rounds, requests
+                return time.monotonic() - start, rounds, requests, phases
             if rounds > 50:
                 raise RuntimeError("no stable assignment after 50 rounds")
 
@@ -199,8 +202,9 @@ def main() -> None:
     server = start_server(port)
     try:
         print(f"== {MEMBERS} members joining a group of {SHARDS} shards (from zero to stable)")
-        seconds, rounds, requests = asyncio.run(converge(url, "bench", key))
-        print(f"   stable after {seconds:.1f} s ({requests} heartbeats, {rounds} rounds after the joins)")
+        seconds, rounds, requests, phases = asyncio.run(converge(url, "bench", key))
+        print(f"   stable after {seconds:.1f} s ({requests} heartbeats: joins {phases[0]:.1f} s, then "
+              + ", ".join(f"round {i} {p:.1f} s" for i, p in enumerate(phases[1:], 1)) + ")")
 
         from assignments.services import describe_group
 

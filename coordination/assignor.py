@@ -39,8 +39,25 @@ __all__ = ["assign"]
 
 
 def _natural_order(shards: set[str]) -> list[str]:
-    """Shard ids in natural order (see module docstring)."""
-    ids = list(shards)
+    """Shard ids in natural order (see module docstring).
+
+    The coordinator recomputes the target of one group many times over the same assignable
+    set (every join and leave), so the last few orders are kept, keyed by the set itself.
+    """
+    key = frozenset(shards)
+    hit = _order_cache.get(key)
+    if hit is None:
+        hit = _sort_naturally(list(shards))
+        if len(_order_cache) >= 8:
+            _order_cache.pop(next(iter(_order_cache)))
+        _order_cache[key] = hit
+    return list(hit)
+
+
+_order_cache: dict[frozenset[str], tuple[str, ...]] = {}
+
+
+def _sort_naturally(ids: list[str]) -> tuple[str, ...]:
     # Widest all-digit segment. One C-level split of the joined ids is much cheaper than
     # tracking the maximum in the per-shard loop below; non-ASCII digits only overestimate.
     segments = ":".join(ids).split(":")
@@ -57,9 +74,9 @@ def _natural_order(shards: set[str]) -> list[str]:
     by_key = dict(zip(keys, ids, strict=True))
     if len(by_key) == len(ids):
         # Usual case, keys are unique: sorting bare strings is the cheapest sort there is.
-        return list(map(by_key.__getitem__, sorted(by_key)))
+        return tuple(map(by_key.__getitem__, sorted(by_key)))
     # Some ids pad to the same key ("a:3", "a:03"): break those ties on the raw id.
-    return [shard for _, shard in sorted(zip(keys, ids, strict=True))]
+    return tuple(shard for _, shard in sorted(zip(keys, ids, strict=True)))
 
 
 def assign(
