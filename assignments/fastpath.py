@@ -27,12 +27,12 @@ _SQL = """
 WITH me AS (
     SELECT m.id, g.assignment_epoch, g.heartbeat_interval_ms, g.metadata_epoch
       FROM groups_group AS g
-      JOIN members_member AS m ON m.group_id = g.id AND m.member_id = %(member)s
-     WHERE g.name = %(group)s
+      JOIN members_member AS m ON m.group_id = g.id AND m.member_id = %s
+     WHERE g.name = %s
        AND m.status = 'STABLE'
-       AND m.member_epoch = %(epoch)s
+       AND m.member_epoch = %s
        AND g.assignment_epoch = m.member_epoch
-       AND g.metadata_epoch = %(metadata_epoch)s
+       AND g.metadata_epoch = %s
 ), granted AS (
     SELECT COALESCE(array_agg(s.shard_id::text ORDER BY s.version_id, s.index), '{}') AS shards
       FROM me
@@ -41,13 +41,13 @@ WITH me AS (
 ), stamped AS (
     -- Re-checked on the row's newest version, so a concurrent sweep or fence wins.
     UPDATE members_member AS m
-       SET last_heartbeat_at = %(now)s,
-           last_reported_owned = COALESCE(%(owned_json)s::jsonb, m.last_reported_owned)
+       SET last_heartbeat_at = %s,
+           last_reported_owned = COALESCE(%s::jsonb, m.last_reported_owned)
       FROM me, granted
      WHERE m.id = me.id
        AND m.status = 'STABLE'
-       AND m.member_epoch = %(epoch)s
-       AND (%(owned)s::text[] IS NULL OR %(owned)s::text[] <@ granted.shards)
+       AND m.member_epoch = %s
+       AND (%s::text[] IS NULL OR %s::text[] <@ granted.shards)
     RETURNING m.id
 )
 SELECT me.assignment_epoch, me.heartbeat_interval_ms, me.metadata_epoch, granted.shards
@@ -78,15 +78,12 @@ def eligible(req: HeartbeatRequest) -> bool:
 
 def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
     owned = list(req.owned_shards) if req.owned_shards is not None else None
-    params = {
-        "now": now,
-        "group": group,
-        "member": req.member_id,
-        "epoch": req.member_epoch,
-        "metadata_epoch": req.metadata_epoch,
-        "owned": owned,
-        "owned_json": json.dumps(sorted(owned)) if owned is not None else None,
-    }
+    owned_json = json.dumps(sorted(owned)) if owned is not None else None
+    # Positional, in the order the placeholders appear in _SQL (cheaper than named ones).
+    params = (
+        req.member_id, group, req.member_epoch, req.metadata_epoch,
+        now, owned_json, req.member_epoch, owned, owned,
+    )
     conn = connections["liveness"]
     try:
         with conn.cursor() as cursor:

@@ -7,6 +7,9 @@ from typing import Any
 from django.http import HttpRequest
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.parsers import JSONParser
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -32,7 +35,22 @@ def authorize_group(request: Request, group: str) -> Response | None:
     )
 
 
+class JsonOnly(BaseContentNegotiation):
+    """The heartbeat speaks JSON only: skip DRF's Accept-header negotiation (5 % of a
+    steady-state heartbeat's CPU in a py-spy profile under load)."""
+
+    def select_parser(self, request: Request, parsers: list[Any]) -> Any:
+        return parsers[0]
+
+    def select_renderer(self, request: Request, renderers: list[Any], format_suffix: str | None = None) -> tuple[Any, str]:
+        return renderers[0], renderers[0].media_type
+
+
 class HeartbeatView(APIView):
+    parser_classes = [JSONParser]
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = JsonOnly
+
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Response:
         started = time.perf_counter()  # every outcome (auth, validation, core) is counted
         response = super().dispatch(request, *args, **kwargs)

@@ -57,9 +57,11 @@ def free_port() -> int:
 
 def start_server(port: int) -> subprocess.Popen[bytes]:
     env = dict(os.environ, DATABASE_URL=DB_URL, ROOT_URLCONF="bench.urls", LOG_LEVEL="WARNING")
+    # The shipped gunicorn config (workers from WEB_CONCURRENCY, Prometheus multiprocess mode).
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "coordinator_project.wsgi", "-w", "2", "-b", f"127.0.0.1:{port}",
-         "--log-level", "warning", "--backlog", "2048"],
+        [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn.conf.py",
+         "coordinator_project.wsgi", "-b", f"127.0.0.1:{port}", "--log-level", "warning",
+         "--backlog", "2048"],
         cwd=ROOT, env=env,
     )
     import httpx
@@ -218,7 +220,8 @@ def main() -> None:
         ]
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
             f.write("\n".join(bodies) + "\n")
-        print(f"== steady state under wrk: {CONNECTIONS} connections, {DURATION} s each, 2 sync gunicorn workers")
+        workers = os.environ.get("WEB_CONCURRENCY", "the config's default")
+        print(f"== steady state under wrk: {CONNECTIONS} connections, {DURATION} s each, sync gunicorn workers: {workers}")
         results = {}
         for label, path in (("ceiling (DRF, no database)", "/bench/ceiling"),
                             ("naive (group row lock via ORM)", "/bench/naive"),
