@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,14 +94,14 @@ class LiveServer:
     process: subprocess.Popen[bytes]
 
 
-@pytest.fixture
-def gunicorn_server(transactional_db: None) -> Iterator[LiveServer]:
-    """A real gunicorn (2 sync workers) on the test database."""
+@contextmanager
+def running_gunicorn(**extra_env: str) -> Iterator[LiveServer]:
+    """Real gunicorn with the shipped config (2 sync workers) on the test database."""
     port = free_port()
-    env = dict(os.environ, DATABASE_URL=live_database_url(), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, DATABASE_URL=live_database_url(), PYTHONUNBUFFERED="1", **extra_env)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "coordinator_project.wsgi", "-w", "2",
-         "-b", f"127.0.0.1:{port}", "--log-level", "warning"],
+        [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn.conf.py", "-w", "2",
+         "-b", f"127.0.0.1:{port}", "--log-level", "warning", "coordinator_project.wsgi"],
         cwd=ROOT, env=env,
     )
     url = f"http://127.0.0.1:{port}"
@@ -110,11 +111,11 @@ def gunicorn_server(transactional_db: None) -> Iterator[LiveServer]:
             if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
                 break
         except httpx.HTTPError:
-            pass
+            pass  # not listening yet
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise RuntimeError("gunicorn did not start")
-        time.sleep(0.05)
+        time.sleep(0.05)  # poll interval of a deadline loop
     try:
         yield LiveServer(url, proc)
     finally:
@@ -123,3 +124,9 @@ def gunicorn_server(transactional_db: None) -> Iterator[LiveServer]:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture
+def gunicorn_server(transactional_db: None, tmp_path: Path) -> Iterator[LiveServer]:
+    with running_gunicorn(PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus")) as server:
+        yield server

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -27,7 +24,7 @@ from groups.models import SweepRun
 from groups.sweeps import run_all_sweeps
 from members.services import fence_member
 
-from .conftest import ROOT, GroupFixture, Hb, free_port, live_database_url, make_group
+from .conftest import GroupFixture, Hb, free_port, make_group, running_gunicorn
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
 
@@ -166,36 +163,10 @@ def test_json_log_line_per_event_and_per_rejected_heartbeat(hb: Hb, orders: Grou
 # --- several gunicorn workers ----------------------------------------------------------------------
 @pytest.fixture
 def gunicorn_with_config(transactional_db: None, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """gunicorn -c coordinator_project/gunicorn.conf.py, 2 workers, on the test database."""
-    port = free_port()
+    """gunicorn -c coordinator_project/gunicorn.conf.py, 2 workers, with a known metrics dir."""
     prom = tmp_path / "prom"
-    env = dict(os.environ, DATABASE_URL=live_database_url(), PYTHONUNBUFFERED="1",
-               PROMETHEUS_MULTIPROC_DIR=str(prom))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn.conf.py",
-         "-w", "2", "-b", f"127.0.0.1:{port}", "--log-level", "warning", "coordinator_project.wsgi"],
-        cwd=ROOT, env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("gunicorn did not start")
-        time.sleep(0.05)
-    try:
-        yield url, prom
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with running_gunicorn(PROMETHEUS_MULTIPROC_DIR=str(prom)) as server:
+        yield server.url, prom
 
 
 @pytest.mark.slow
