@@ -459,6 +459,10 @@ class Runtime:
 
     def _mark_lost(self, st: ShardState) -> None:
         with self._lock:
+            if st.status == ABORTED or self._shards.get(st.shard) is not st:
+                # A late refusal for a grant we already gave up (C4) or that a newer grant
+                # replaced: nothing we hold now is lost, so it must not fence us again.
+                return
             st.status = LOST
             self._lost.add(st.shard)
         self.changed.set()

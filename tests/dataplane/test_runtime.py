@@ -324,3 +324,16 @@ def test_start_position_latest_skips_history(r, prefix, start_runtime) -> None:
     wait_until(lambda: rt.status(shard) == "ACTIVE")
     r.xadd(keys.stream, {"key": "new"})
     wait_until(lambda: got == ["new"])
+
+
+def test_c4_late_refusal_for_an_aborted_grant_is_not_a_new_loss(r, prefix, start_runtime) -> None:
+    shard = "s:1:0"
+    rt = start_runtime(lambda msg: None)
+    rt.grant(make_grant(prefix, shard, epoch=3, member="m-1"))
+    wait_until(lambda: rt.status(shard) == "ACTIVE", what="shard active")
+    aborted = rt._shards[shard]
+    rt.abort(shard)
+    wait_until(lambda: rt.status(shard) == "ABORTED", what="shard aborted")
+    rt._mark_lost(aborted)  # what an ACK refused after the abort does
+    assert rt.take_lost() == set()
+    assert rt.status(shard) == "ABORTED"
