@@ -65,7 +65,6 @@ class GroupPhase(StrEnum):
 
 
 MEMBER_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
-SHARD_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}:\d{1,9}:\d{1,9}$")
 
 
 def shard_sort_key(shard_id: str) -> tuple[str, int, int]:

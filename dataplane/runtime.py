@@ -457,6 +457,15 @@ class Runtime:
                 st.status = RECOVERING
         log.info("shard %s granted at epoch %s", grant.shard, grant.grant_epoch)
 
+    def _reread_own_pending(self, active: Iterable[ShardState]) -> None:
+        """After a failed read: the entries of a lost reply are in our PEL already, so the
+        shards re-read it from the last id we dispatched before reading new ones again."""
+        with self._lock:
+            for st in active:
+                if st.status == ACTIVE:
+                    st.status, st.phase = RECOVERING, "own"
+            self._reading_now = frozenset()
+
     def _mark_lost(self, st: ShardState) -> None:
         with self._lock:
             if st.status == ABORTED or self._shards.get(st.shard) is not st:
@@ -583,13 +592,7 @@ class Runtime:
                 self.group, self.consumer, streams, count=self.cfg.batch_size, block=block
             )
         except _NET_ERRORS:
-            # The entries of a lost reply are in our PEL already: re-read it from the last
-            # id we dispatched before reading new ones again.
-            with self._lock:
-                for st in active:
-                    if st.status == ACTIVE:
-                        st.status, st.phase = RECOVERING, "own"
-                self._reading_now = frozenset()
+            self._reread_own_pending(active)
             raise
         except ResponseError as exc:
             with self._lock:
@@ -637,11 +640,7 @@ class Runtime:
                         got += len(entries)
                         self._dispatch(st, entries, None)
         except _NET_ERRORS:
-            with self._lock:
-                for st in active:
-                    if st.status == ACTIVE:
-                        st.status, st.phase = RECOVERING, "own"
-                self._reading_now = frozenset()
+            self._reread_own_pending(active)
             raise
         finally:
             with self._lock:

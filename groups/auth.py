@@ -34,13 +34,6 @@ def require_scope(request: Request) -> KeyScope:
     return scope
 
 
-def require_group_key(request: Request, group: str) -> KeyScope:
-    scope = require_scope(request)
-    if scope.group != group:
-        raise exceptions.PermissionDenied(f"this API key does not grant access to group {group!r}")
-    return scope
-
-
 def require_stream_access(request: Request, stream: str, *, groups_allowed: bool) -> KeyScope:
     """A stream key of that stream, or (for read-only routing) a key of a group on it."""
     scope = require_scope(request)
