@@ -169,6 +169,19 @@ class FakeCoordinator:
         self.server.server_close()
 
 
+def routing_doc(stream: str, prefix: str, *versions: dict, write: int) -> dict:
+    """The coordinator's routing document (GET /api/v1/streams/{s}/routing)."""
+    return {
+        "stream": stream,
+        "writeVersion": write,
+        "metadataEpoch": write,
+        "state": "STABLE",
+        "hash": "blake2b-64",
+        "keyPrefix": prefix,
+        "versions": list(versions),
+    }
+
+
 def version_doc(stream: str, version: int, count: int, prefix: str, parents: bool = False):
     from dataplane.routing import ShardKeys, hash_range
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from dataplane import Producer
 from dataplane.routing import ShardKeys, hash64, shard_index
 
-from .conftest import ROOT, version_doc, wait_until
+from .conftest import ROOT, routing_doc, version_doc, wait_until
 
 
 def env(coordinator_url: str, redis_url: str) -> dict[str, str]:
@@ -39,15 +39,7 @@ def run(args: list[str], e: dict[str, str], cwd: Path | None = None):
 
 def setup_stream(coordinator, prefix: str) -> None:
     versions = [version_doc("orders", 1, 4, prefix)]
-    coordinator.routing = {
-        "stream": "orders",
-        "writeVersion": 1,
-        "metadataEpoch": 1,
-        "state": "STABLE",
-        "hash": "blake2b-64",
-        "keyPrefix": prefix,
-        "versions": versions,
-    }
+    coordinator.routing = routing_doc("orders", prefix, *versions, write=1)
     coordinator.metadata = {
         "metadataEpoch": 1,
         "group": "g",

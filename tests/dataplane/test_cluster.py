@@ -12,7 +12,7 @@ from dataplane.message import Message
 from dataplane.routing import ShardKeys
 from dataplane.runtime import Runtime, RuntimeConfig
 
-from .conftest import make_grant, version_doc, wait_until
+from .conftest import make_grant, routing_doc, version_doc, wait_until
 
 
 def test_consume_and_produce_on_cluster(cluster_url, coordinator) -> None:
@@ -21,15 +21,8 @@ def test_consume_and_produce_on_cluster(cluster_url, coordinator) -> None:
     shards = [f"orders:1:{i}" for i in range(6)]
     nodes = {rc.get_node_from_key(ShardKeys(s, prefix).stream).name for s in shards}
     assert len(nodes) > 1  # the shards really spread over several nodes
-    coordinator.routing = {
-        "stream": "orders",
-        "writeVersion": 1,
-        "metadataEpoch": 1,
-        "state": "STABLE",
-        "hash": "blake2b-64",
-        "keyPrefix": prefix,
-        "versions": [version_doc("orders", 1, 6, prefix)],
-    }
+    version = version_doc("orders", 1, 6, prefix)
+    coordinator.routing = routing_doc("orders", prefix, version, write=1)
     with Producer(coordinator.url, "orders", "k", redis_url=cluster_url, cluster=True) as p:
         sent = p.send_many([(f"k{i}", {"n": str(i)}) for i in range(300)])
     assert len({s.shard for s in sent}) == 6

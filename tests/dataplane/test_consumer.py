@@ -7,7 +7,7 @@ import threading
 from dataplane import Consumer, Message, Producer
 from dataplane.routing import ShardKeys
 
-from .conftest import version_doc, wait_until
+from .conftest import routing_doc, version_doc, wait_until
 
 
 def metadata(prefix: str) -> dict:
@@ -26,15 +26,7 @@ def metadata(prefix: str) -> dict:
 
 def test_consumer_joins_consumes_and_leaves(r, prefix, coordinator, redis_url) -> None:
     coordinator.metadata = metadata(prefix)
-    coordinator.routing = {
-        "stream": "orders",
-        "writeVersion": 1,
-        "metadataEpoch": 1,
-        "state": "STABLE",
-        "hash": "blake2b-64",
-        "keyPrefix": prefix,
-        "versions": metadata(prefix)["versions"],
-    }
+    coordinator.routing = routing_doc("orders", prefix, *metadata(prefix)["versions"], write=1)
     got: list[Message] = []
     c = Consumer(
         coordinator.url,

@@ -7,19 +7,7 @@ import pytest
 from dataplane import Producer, ShardSealedError
 from dataplane.routing import ShardKeys, hash64, shard_index
 
-from .conftest import version_doc
-
-
-def routing_doc(stream: str, prefix: str, *versions: dict, write: int) -> dict:
-    return {
-        "stream": stream,
-        "writeVersion": write,
-        "metadataEpoch": write,
-        "state": "STABLE",
-        "hash": "blake2b-64",
-        "keyPrefix": prefix,
-        "versions": list(versions),
-    }
+from .conftest import routing_doc, version_doc
 
 
 def test_send_routes_by_hash64_and_writes_key_field(r, prefix, coordinator, redis_url) -> None:
