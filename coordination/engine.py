@@ -322,27 +322,84 @@ def r8_remove_members(
     return removed
 
 
-def l1_expire_silent_members(state: GroupState, now: datetime) -> list[str]:
-    """L1: members silent for longer than the session timeout are expired."""
-    silent = [
-        m.member_id
-        for m in state.live_members()
-        if m.last_heartbeat_at is None
-        or (now - m.last_heartbeat_at).total_seconds() * 1000 > state.session_timeout_ms
-    ]
+@dataclass(frozen=True)
+class Intake:
+    """What the coordinator could hear: its heartbeat intake as the web tier's beacon saw it.
+
+    The web workers stamp the beacon about once a second while they accept heartbeats; a
+    stamp after a gap longer than `max_gap_ms` starts a new `up_since`. L1 and L2 count a
+    member's silence only while the intake was up, so an outage of the coordinator (web
+    tier, database, the path to it) never expires members that could not be heard.
+    `last_beacon is None` means no beacon was ever recorded (a coordinator not run by the
+    shipped server, e.g. a test client): silence then counts from the last heartbeat alone.
+    """
+
+    up_since: datetime | None = None
+    last_beacon: datetime | None = None
+    max_gap_ms: int = 5_000
+
+    @property
+    def recorded(self) -> bool:
+        return self.last_beacon is not None
+
+    def up_at(self, now: datetime) -> bool:
+        """Unrecorded counts as up; a beacon older than the gap means the intake is down."""
+        if self.last_beacon is None:
+            return True
+        return (now - self.last_beacon).total_seconds() * 1000 <= self.max_gap_ms
+
+    def audible_since(self, last_heard: datetime | None) -> datetime | None:
+        """Start of the silence L1/L2 may count: max(last heard, intake back since)."""
+        if self.up_since is None:
+            return last_heard
+        return self.up_since if last_heard is None else max(last_heard, self.up_since)
+
+
+UNRECORDED_INTAKE = Intake()
+
+
+def _ms_since(start: datetime, now: datetime) -> float:
+    return (now - start).total_seconds() * 1000
+
+
+def l1_expire_silent_members(
+    state: GroupState, now: datetime, intake: Intake = UNRECORDED_INTAKE
+) -> list[str]:
+    """L1: members silent for longer than the session timeout are expired.
+
+    Only silence the coordinator could have heard counts: nobody expires while the intake
+    is down, and after it comes back every member gets one full session to be heard.
+    """
+    if not intake.up_at(now):
+        return []
+    silent = []
+    for m in state.live_members():
+        since = intake.audible_since(m.last_heartbeat_at)
+        if since is None or _ms_since(since, now) > state.session_timeout_ms:
+            silent.append(m.member_id)
     return r8_remove_members(
         state, silent, status=MemberStatus.EXPIRED, reason="session timeout", actor="sweeper",
         now=now,
     )
 
 
-def l2_fence_overdue_revocations(state: GroupState, now: datetime) -> list[str]:
-    """L2: members that did not report REVOKED within their rebalance timeout are fenced."""
-    overdue = [
-        m.member_id
-        for m in state.live_members()
-        if m.revocation_deadline is not None and now > m.revocation_deadline
-    ]
+def l2_fence_overdue_revocations(
+    state: GroupState, now: datetime, intake: Intake = UNRECORDED_INTAKE
+) -> list[str]:
+    """L2: members that did not report REVOKED within their rebalance timeout are fenced.
+
+    As for L1, a REVOKED report the coordinator could not hear does not count against the
+    member: nobody is fenced while the intake is down, and after it comes back a member
+    has until max(its deadline, intake back since + its rebalance timeout).
+    """
+    if not intake.up_at(now):
+        return []
+    overdue = []
+    for m in state.live_members():
+        if m.revocation_deadline is None or now <= m.revocation_deadline:
+            continue
+        if intake.up_since is None or _ms_since(intake.up_since, now) > m.rebalance_timeout_ms:
+            overdue.append(m.member_id)
     return r8_remove_members(
         state, overdue, status=MemberStatus.FENCED, reason="rebalance timeout", actor="sweeper",
         now=now,

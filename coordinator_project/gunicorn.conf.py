@@ -35,3 +35,10 @@ def child_exit(server: Any, worker: Any) -> None:
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
+
+
+def post_worker_init(worker: Any) -> None:
+    # Issue 8.1: while this worker accepts heartbeats, it stamps the intake beacon (L1/L2).
+    from members.intake import start_beacon
+
+    start_beacon()

@@ -114,6 +114,10 @@ CELERY_TIMEZONE = "UTC"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 SWEEP_INTERVAL_SECONDS = float(os.environ.get("SWEEP_INTERVAL_SECONDS", "2"))
+# Issue 8.1: web workers stamp the intake beacon this often; a longer gap than
+# INTAKE_MAX_GAP_SECONDS is an outage, after which L1/L2 give every member a fresh session.
+INTAKE_BEACON_SECONDS = float(os.environ.get("INTAKE_BEACON_SECONDS", "1"))
+INTAKE_MAX_GAP_SECONDS = float(os.environ.get("INTAKE_MAX_GAP_SECONDS", max(5.0, 5 * INTAKE_BEACON_SECONDS)))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -31,3 +31,20 @@ class Member(models.Model):
 
     def __str__(self) -> str:
         return self.member_id
+
+
+class IntakeBeacon(models.Model):
+    """The web tier's "accepting heartbeats" stamp (L1/L2 count only silence it could hear).
+
+    One row per intake (today only "heartbeat"): every web worker stamps `beat_at` about once
+    a second; a stamp after a gap longer than INTAKE_MAX_GAP_SECONDS moves `up_since` to
+    that stamp (see members.intake).
+    """
+
+    name = models.CharField(max_length=32, unique=True)
+    beat_at = models.DateTimeField()
+    up_since = models.DateTimeField()
+    node = models.CharField(max_length=200, blank=True, help_text="Last writer, host:pid.")
+
+    def __str__(self) -> str:
+        return f"{self.name} up since {self.up_since:%Y-%m-%d %H:%M:%S}"

@@ -18,6 +18,7 @@ from coordination import engine
 from coordination.model import LIVE_STATUSES, GroupState, MemberStatus
 from groups.models import Group
 from groups.services import ServiceError
+from members.intake import current_intake
 from members.models import Member
 
 _ONE_MS = timedelta(milliseconds=1)
@@ -78,13 +79,21 @@ def _remove(
 
 
 def sweep_liveness(now: datetime | None = None) -> SweepResult:
-    """One pass of L1 (session expiry) and L2 (rebalance timeout) over every group."""
+    """One pass of L1 (session expiry) and L2 (rebalance timeout) over every group.
+
+    Both count only silence the heartbeat intake could have heard (the beacon, members.intake).
+    """
     now = now or timezone.now()
     result = SweepResult()
-    for name in groups_due_for_sweep(now):
-        expired = _in_locked_group(name, lambda s: engine.l1_expire_silent_members(s, now), now, "sweeper")
+    intake = current_intake()
+    if not intake.up_at(now):
+        return result  # the core would expire and fence nobody: skip the locks
+    for name in groups_due_for_sweep(now, intake):
+        expired = _in_locked_group(
+            name, lambda s: engine.l1_expire_silent_members(s, now, intake), now, "sweeper"
+        )
         fenced = _in_locked_group(
-            name, lambda s: engine.l2_fence_overdue_revocations(s, now), now, "sweeper"
+            name, lambda s: engine.l2_fence_overdue_revocations(s, now, intake), now, "sweeper"
         )
         if expired:
             result.expired[name] = expired
@@ -93,16 +102,19 @@ def sweep_liveness(now: datetime | None = None) -> SweepResult:
     return result
 
 
-def groups_due_for_sweep(now: datetime) -> list[str]:
+def groups_due_for_sweep(now: datetime, intake: engine.Intake = engine.UNRECORDED_INTAKE) -> list[str]:
     """Groups with a live member past its session or revocation deadline (cheap, no locks).
 
     Only a hint: the locked pass re-checks through the core, so a heartbeat that lands in
     between simply makes that pass a no-op. One query; the per-group session cutoff is
-    computed here (SQLite has no interval arithmetic).
+    computed here (SQLite has no interval arithmetic). A group whose session started again
+    when the intake came back is not due for L1 until that session has passed.
     """
     due = Q(revocation_deadline__lt=now) | Q(last_heartbeat_at__isnull=True)
     for group_id, timeout_ms in Group.objects.values_list("id", "session_timeout_ms"):
-        due |= Q(group_id=group_id, last_heartbeat_at__lt=now - timeout_ms * _ONE_MS)
+        cutoff = now - timeout_ms * _ONE_MS
+        if intake.up_since is None or intake.up_since < cutoff:
+            due |= Q(group_id=group_id, last_heartbeat_at__lt=cutoff)
     names = (
         Member.objects.filter(status__in=[s.value for s in LIVE_STATUSES])
         .filter(due)
