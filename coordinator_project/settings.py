@@ -41,6 +41,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "coordinator_project.middleware.DatabaseUnavailableMiddleware",  # issue 8.4: 503, not 500
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -87,6 +88,18 @@ else:
         },
     }
 DATABASES = {"default": _default}
+# Issue 8.4: a database that is down, wrong or silent answers 503 in seconds, not a 30 s hang.
+DB_CONNECT_TIMEOUT = env_int("DB_CONNECT_TIMEOUT", 3)  # seconds (libpq's minimum is 2)
+DB_STATEMENT_TIMEOUT_MS = env_int("DB_STATEMENT_TIMEOUT_MS", 5000)  # 0: none (e.g. a long migrate)
+DB_RETRY_AFTER_SECONDS = env_int("DB_RETRY_AFTER_SECONDS", 2)  # Retry-After of that 503
+if _default["ENGINE"].endswith("postgresql"):
+    _default["OPTIONS"] = {
+        **_default.get("OPTIONS", {}),
+        "connect_timeout": DB_CONNECT_TIMEOUT,
+        "options": " ".join(filter(None, [
+            _default.get("OPTIONS", {}).get("options", ""), f"-c statement_timeout={DB_STATEMENT_TIMEOUT_MS}",
+        ])),
+    }
 if _default["ENGINE"].endswith("postgresql"):
     # Liveness-only writes (steady-state heartbeats) go through a second connection whose
     # commits do not wait for fsync: losing a last-seen stamp in a crash costs nothing, and
@@ -96,7 +109,7 @@ if _default["ENGINE"].endswith("postgresql"):
     # after a few runs: planning it cost ~0.6 ms of ~0.85 ms per heartbeat (bench/heartbeat.py).
     _liveness["OPTIONS"] = {
         **_default.get("OPTIONS", {}),
-        "options": "-c synchronous_commit=off",
+        "options": _default["OPTIONS"]["options"] + " -c synchronous_commit=off",
         "server_side_binding": True,
         "prepare_threshold": 2,
     }

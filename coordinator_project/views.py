@@ -1,4 +1,11 @@
-"""Health endpoints: /healthz does no I/O; /readyz checks what a heartbeat needs."""
+"""Health endpoints: /healthz does no I/O; /readyz checks what a heartbeat needs.
+
+Readiness (HTTP 200 vs 503) depends on the database alone: a heartbeat needs nothing else.
+Redis (Celery broker, seal markers) and sweep lag are reported as `degraded` information
+with status 200: a load balancer must not pull a working heartbeat API because Redis
+blinked or beat stalled (members would then go unheard, which is what L1 punishes).
+Alert on them from `degraded` or /metrics (`rsc_sweep_lag_seconds`) instead.
+"""
 from __future__ import annotations
 
 from functools import cache
@@ -12,6 +19,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from groups.models import SweepRun
+from members.intake import current_intake
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -29,8 +37,21 @@ def readyz(request: HttpRequest) -> JsonResponse:
     checks["redis"] = _check_redis()
     if checks["database"] == "ok":
         checks.update(_check_sweeps())
-    ready = all(v == "ok" or v.startswith("ok ") for v in checks.values())
-    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)
+        checks["intake"] = _check_intake()
+    ready = checks["database"] == "ok"
+    degraded = sorted(k for k, v in checks.items() if not (v == "ok" or v.startswith("ok ")))
+    status = "unavailable" if not ready else ("degraded" if degraded else "ok")
+    return JsonResponse({"status": status, "checks": checks, "degraded": degraded}, status=200 if ready else 503)
+
+
+def _check_intake() -> str:
+    """The heartbeat-intake beacon L1/L2 rely on (information: this worker is evidently up)."""
+    intake = current_intake()
+    if not intake.recorded:
+        return "ok (no beacon recorded: not run by the shipped gunicorn config)"
+    if not intake.up_at(timezone.now()):
+        return f"stale: last beacon {intake.last_beacon:%Y-%m-%dT%H:%M:%SZ}"
+    return f"ok (up since {intake.up_since:%Y-%m-%dT%H:%M:%SZ})"
 
 
 # --- issue 5: Redis and sweep lag ------------------------------------------------------------
@@ -44,8 +65,8 @@ def _check_redis() -> str:
     try:
         _probe_client(settings.REDIS_URL).ping()
         return "ok"
-    except Exception as exc:  # noqa: BLE001 - any failure means not ready
-        return f"error: {exc.__class__.__name__}"
+    except Exception as exc:  # noqa: BLE001 - any failure is reported
+        return f"error: {exc.__class__.__name__} (heartbeats unaffected; sweeps and resharding wait for it)"
 
 
 def _check_sweeps() -> dict[str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.db import InterfaceError, OperationalError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -62,6 +63,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return response
     if isinstance(exc, exceptions.PermissionDenied):
         return Response(error_body(AUTHORIZATION_FAILED, str(exc.detail)), 403)
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return None  # re-raised: coordinator_project.middleware answers 503 COORDINATOR_UNAVAILABLE
     response = drf_exception_handler(exc, context)
     if response is not None:
         code = "INVALID_REQUEST" if response.status_code < 500 else "INTERNAL_ERROR"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -13,3 +14,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "needs_postgres" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    """No statement timeout in the test runner itself (issue 8.4 sets one for production).
+
+    Dropping the test database waits up to 5 s for the backends of gunicorn workers a test
+    just stopped; a 5 s statement timeout would cancel that DROP. Live servers started by
+    the tests read the environment and keep the shipped timeouts.
+    """
+    from django.conf import settings
+
+    for db in settings.DATABASES.values():
+        options = db.get("OPTIONS", {})
+        if "statement_timeout" in options.get("options", ""):
+            options["options"] = re.sub(r"statement_timeout=\d+", "statement_timeout=0", options["options"])

@@ -98,7 +98,7 @@ class LiveServer:
 def running_gunicorn(**extra_env: str) -> Iterator[LiveServer]:
     """Real gunicorn with the shipped config (2 sync workers) on the test database."""
     port = free_port()
-    env = dict(os.environ, DATABASE_URL=live_database_url(), PYTHONUNBUFFERED="1", **extra_env)
+    env = {**os.environ, "DATABASE_URL": live_database_url(), "PYTHONUNBUFFERED": "1", **extra_env}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn.conf.py", "-w", "2",
          "-b", f"127.0.0.1:{port}", "--log-level", "warning", "coordinator_project.wsgi"],
