@@ -178,6 +178,7 @@ def main() -> None:
     recreate_database(DB_URL)
     os.environ["DATABASE_URL"] = DB_URL
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "coordinator_project.settings")
+    os.environ.setdefault("SECRET_KEY", "bench-insecure-key")  # the server refuses to start without one
     import django
 
     django.setup()

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -18,12 +19,25 @@ def env_int(name: str, default: int) -> int:
 
 
 DEBUG = env_bool("DEBUG", False)
-# A fixed insecure key only when DEBUG is on, so production must set SECRET_KEY.
+# A fixed insecure key only when DEBUG is on. Without DEBUG a missing key is fatal (issue
+# 8.7): a key invented per process breaks admin sessions across workers and restarts.
 SECRET_KEY = os.environ.get("SECRET_KEY") or ("dev-insecure-key" if DEBUG else "")
 if not SECRET_KEY:
-    SECRET_KEY = "unset-" + os.urandom(16).hex()  # sessions won't survive restarts: set SECRET_KEY
+    raise ImproperlyConfigured(
+        "SECRET_KEY is not set and DEBUG is off: set SECRET_KEY to one long random value shared by "
+        "every coordinator process (e.g. python -c 'import secrets; print(secrets.token_urlsafe(50))')"
+    )
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+# Production security behind TLS (issue 8.7), each off by default (plain HTTP on loopback).
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS")
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD")
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT")
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]  # probes and scrapes on plain HTTP
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("SECURE_COOKIES")
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto (and strips it from clients).
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("SECURE_PROXY_SSL_HEADER") else None
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -34,6 +48,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc served from our static files, no CDN
     "groups",
     "members",
     "assignments",
@@ -116,6 +131,17 @@ if _default["ENGINE"].endswith("postgresql"):
     _liveness["TEST"] = {"MIRROR": "default"}
     _liveness["CONN_HEALTH_CHECKS"] = False  # fastpath drops a broken connection itself
     DATABASES["liveness"] = _liveness
+if env_bool("DB_POOL") and _default["ENGINE"].endswith("postgresql"):
+    # Issue 8.2: the gevent worker (gunicorn.conf.py sets DB_POOL) serves many requests at
+    # once; each borrows a connection from a per-process pool for the request's duration.
+    # A request that waits longer than DB_POOL_TIMEOUT for one answers 503 (issue 8.4).
+    for _db in DATABASES.values():
+        _db["CONN_MAX_AGE"] = 0  # Django's pool requires it: the pool keeps them open
+        _db["OPTIONS"] = {**_db["OPTIONS"], "pool": {
+            "min_size": 1,
+            "max_size": env_int("DB_POOL_MAX_SIZE", 8),
+            "timeout": float(os.environ.get("DB_POOL_TIMEOUT", DB_CONNECT_TIMEOUT + 2)),
+        }}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis / Celery -----------------------------------------------------------
@@ -126,6 +152,16 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Issue 8.8: a beat tick (or any publish) that falls inside a Redis restart — connection
+# refused, then "Redis is loading the dataset in memory" (BusyLoadingError) — is retried for
+# up to ~30 s instead of dropped with a traceback. Two layers retry: kombu's (re)connection
+# when the channel is opened (transport options, else it gives up after the 4 s connect
+# timeout) and the publish itself (task_publish_retry_policy).
+_BROKER_RETRY = {"max_retries": 30, "interval_start": 0, "interval_step": 0.5, "interval_max": 1.0}
+CELERY_TASK_PUBLISH_RETRY = True
+CELERY_TASK_PUBLISH_RETRY_POLICY = _BROKER_RETRY
+CELERY_BROKER_TRANSPORT_OPTIONS = {**_BROKER_RETRY, "connect_retries_timeout": 30, "socket_connect_timeout": 2}
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "celery")  # several deployments on one Redis
 SWEEP_INTERVAL_SECONDS = float(os.environ.get("SWEEP_INTERVAL_SECONDS", "2"))
 # Issue 8.1: web workers stamp the intake beacon this often; a longer gap than
 # INTAKE_MAX_GAP_SECONDS is an outage, after which L1/L2 give every member a fresh session.
@@ -165,6 +201,9 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "text")
@@ -172,7 +211,8 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "text": {"()": "coordinator_project.logging.TextFormatter",
+                 "format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {"()": "coordinator_project.logging.JsonFormatter"},
     },
     "handlers": {
