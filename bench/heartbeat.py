@@ -222,7 +222,9 @@ def main() -> None:
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
             f.write("\n".join(bodies) + "\n")
         workers = os.environ.get("WEB_CONCURRENCY", "the config's default")
-        print(f"== steady state under wrk: {CONNECTIONS} connections, {DURATION} s each, sync gunicorn workers: {workers}")
+        worker_class = os.environ.get("WORKER_CLASS", "gevent (the config's default)")
+        print(f"== steady state under wrk: {CONNECTIONS} connections, {DURATION} s each, "
+              f"gunicorn workers: {workers} × {worker_class}")
         results = {}
         for label, path in (("ceiling (DRF, no database)", "/bench/ceiling"),
                             ("naive (group row lock via ORM)", "/bench/naive"),

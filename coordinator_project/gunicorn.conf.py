@@ -12,10 +12,24 @@ import os
 import tempfile
 from typing import Any
 
-# 2 sync workers on 2 cores (docs: BASELINES.md); override with WEB_CONCURRENCY / -w.
+# 2 workers on 2 cores (docs: BASELINES.md); override with WEB_CONCURRENCY / -w.
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
-worker_class = "sync"
+# Issue 8.2: gevent workers read each request in a greenlet of their own, so slow or idle
+# clients hold a greenlet, never the worker (4 such clients froze both sync workers).
+# psycopg 3 cooperates with gevent's monkey-patching (psycopg >= 3.1.14). WORKER_CLASS=sync
+# restores the old setup (e.g. to compare in bench/heartbeat.py).
+worker_class = os.environ.get("WORKER_CLASS", "gevent")
+worker_connections = int(os.environ.get("WORKER_CONNECTIONS", "1000"))  # per worker
+# Under gevent, each request's line and headers must arrive within `keepalive` seconds or the
+# connection is closed (gunicorn's AsyncWorker reads them under gevent.Timeout(keepalive)):
+# the read timeout for slow clients, and the idle timeout between keep-alive requests.
+keepalive = int(os.environ.get("HTTP_READ_TIMEOUT", "5"))
+timeout = int(os.environ.get("WORKER_TIMEOUT", "30"))  # a worker silent this long is restarted
+if worker_class == "gevent":
+    # Greenlets share a worker: Django's per-greenlet connections go through a pool instead
+    # of one persistent connection per thread (settings: DB_POOL).
+    os.environ.setdefault("DB_POOL", "1")
 
 if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     # One fresh directory per master: two servers on one host never mix their counters.

@@ -96,7 +96,7 @@ class LiveServer:
 
 @contextmanager
 def running_gunicorn(**extra_env: str) -> Iterator[LiveServer]:
-    """Real gunicorn with the shipped config (2 sync workers) on the test database."""
+    """Real gunicorn with the shipped config (2 gevent workers) on the test database."""
     port = free_port()
     env = {**os.environ, "DATABASE_URL": live_database_url(), "PYTHONUNBUFFERED": "1", **extra_env}
     proc = subprocess.Popen(
