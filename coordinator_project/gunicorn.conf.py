@@ -18,7 +18,10 @@ bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # Issue 8.2: gevent workers read each request in a greenlet of their own, so slow or idle
 # clients hold a greenlet, never the worker (4 such clients froze both sync workers).
 # psycopg 3 cooperates with gevent's monkey-patching (psycopg >= 3.1.14). WORKER_CLASS=sync
-# restores the old setup (e.g. to compare in bench/heartbeat.py).
+# restores the old setup (e.g. to compare in bench/heartbeat.py). The SQLite quick start runs
+# gevent too; sqlite3 waits for its lock without yielding, so a transaction that does network
+# I/O (a seal step started from the admin writes Redis) can hold up the worker's other
+# requests up to SQLite's busy timeout. PostgreSQL (psycopg) waits cooperatively.
 worker_class = os.environ.get("WORKER_CLASS", "gevent")
 worker_connections = int(os.environ.get("WORKER_CONNECTIONS", "1000"))  # per worker
 # Under gevent, each request's line and headers must arrive within `keepalive` seconds or the
