@@ -395,8 +395,9 @@ def child_pids(pid: int) -> list[int]:
 
 
 def has_open_request(pid: int, port: int) -> bool:
-    """True when process ``pid`` holds an ESTABLISHED TCP connection to ``port`` (gunicorn's
-    sync workers close every connection after the response: an open one is a request)."""
+    """True when process ``pid`` has sent a request to ``port`` that the server has not read:
+    the server's end of one of its connections holds unread bytes (the workers are stopped).
+    Connections stay open between requests (keep-alive), so an open one alone proves nothing."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -406,8 +407,13 @@ def has_open_request(pid: int, port: int) -> bool:
         if link.startswith("socket:["):
             inodes.add(link[8:-1])
     with open(f"/proc/{pid}/net/tcp") as f:
-        for line in f.readlines()[1:]:
-            parts = line.split()
-            if int(parts[2].split(":")[1], 16) == port and parts[3] == "01" and parts[9] in inodes:
-                return True
-    return False
+        rows = [line.split() for line in f.readlines()[1:]]
+    client_ports = {
+        int(r[1].split(":")[1], 16) for r in rows
+        if int(r[2].split(":")[1], 16) == port and r[3] == "01" and r[9] in inodes
+    }
+    return any(
+        int(r[1].split(":")[1], 16) == port and int(r[2].split(":")[1], 16) in client_ports
+        and int(r[4].split(":")[1], 16) > 0  # rx_queue of the server's end
+        for r in rows
+    )
