@@ -96,6 +96,10 @@ def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> Steady
         log.warning("steady heartbeat path failed, using the locked path: %s", exc)
         conn.close()
         return None
+    if conn.pool is not None:
+        # Pooled (gevent workers): hand the connection back now, not at the request's end, so
+        # a heartbeat going on to the locked path does not hold it while it queues there.
+        conn.close()
     if row is None:
         return None
     return SteadyAnswer(row[0], row[1], row[2], tuple(row[3]))

@@ -105,7 +105,7 @@ else:
 DATABASES = {"default": _default}
 # Issue 8.4: a database that is down, wrong or silent answers 503 in seconds, not a 30 s hang.
 DB_CONNECT_TIMEOUT = env_int("DB_CONNECT_TIMEOUT", 3)  # seconds (libpq's minimum is 2)
-DB_STATEMENT_TIMEOUT_MS = env_int("DB_STATEMENT_TIMEOUT_MS", 5000)  # 0: none (e.g. a long migrate)
+DB_STATEMENT_TIMEOUT_MS = env_int("DB_STATEMENT_TIMEOUT_MS", 10_000)  # 0: none (e.g. a long migrate)
 DB_RETRY_AFTER_SECONDS = env_int("DB_RETRY_AFTER_SECONDS", 2)  # Retry-After of that 503
 if _default["ENGINE"].endswith("postgresql"):
     _default["OPTIONS"] = {
@@ -135,12 +135,19 @@ if env_bool("DB_POOL") and _default["ENGINE"].endswith("postgresql"):
     # Issue 8.2: the gevent worker (gunicorn.conf.py sets DB_POOL) serves many requests at
     # once; each borrows a connection from a per-process pool for the request's duration.
     # A request that waits longer than DB_POOL_TIMEOUT for one answers 503 (issue 8.4).
-    for _db in DATABASES.values():
+    # "default" (the locked path: joins, revocations, admin) gets few: its transactions
+    # queue on a group's row lock, and every greenlet inside one slows the lock holder
+    # (cooperative scheduling), so waiting for a pooled connection is the cheaper queue.
+    # "liveness" (the lock-free steady heartbeat) gets more.
+    _POOL_SIZES = {"default": env_int("DB_POOL_DEFAULT_MAX_SIZE", 2), "liveness": env_int("DB_POOL_MAX_SIZE", 4)}
+    for _name, _db in DATABASES.items():
         _db["CONN_MAX_AGE"] = 0  # Django's pool requires it: the pool keeps them open
         _db["OPTIONS"] = {**_db["OPTIONS"], "pool": {
-            "min_size": 1,
-            "max_size": env_int("DB_POOL_MAX_SIZE", 8),
-            "timeout": float(os.environ.get("DB_POOL_TIMEOUT", DB_CONNECT_TIMEOUT + 2)),
+            "min_size": _POOL_SIZES[_name],  # opened full: no growth under a burst
+            "max_size": _POOL_SIZES[_name],
+            # A queue for the connection (bursts of joins wait here, not in the listen backlog as
+            # with sync workers); with the database down, the 503 comes after this long.
+            "timeout": float(os.environ.get("DB_POOL_TIMEOUT", 15)),
         }}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
