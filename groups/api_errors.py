@@ -4,7 +4,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rest_framework import exceptions, status
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -15,17 +17,28 @@ AUTHORIZATION_FAILED = "AUTHORIZATION_FAILED"
 
 
 def error_body(code: str, message: str, member_id: str | None = None) -> dict[str, Any]:
-    return {
-        "errorCode": code,
-        "errorMessage": message,
-        "status": None,
-        "memberId": member_id,
-        "memberEpoch": None,
-        "assignmentEpoch": None,
-        "heartbeatIntervalMs": None,
-        "assignment": None,
-        "metadata": None,
-    }
+    """§3: an error carries errorCode, errorMessage and, where known, memberId; nothing else."""
+    body: dict[str, Any] = {"errorCode": code, "errorMessage": message}
+    if member_id is not None:
+        body["memberId"] = member_id
+    return body
+
+
+class ErrorBodySerializer(serializers.Serializer):
+    """OpenAPI description of every 4xx/5xx body."""
+
+    errorCode = serializers.CharField()
+    errorMessage = serializers.CharField()
+    memberId = serializers.CharField(required=False, help_text="present where the request named one")
+
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "payload_too_large"
+
+
+def payload_too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"body: larger than the limit of {limit} bytes (DATA_UPLOAD_MAX_MEMORY_SIZE)")
 
 
 def flatten_errors(detail: Any, path: str = "") -> list[str]:
@@ -50,6 +63,10 @@ def flatten_errors(detail: Any, path: str = "") -> list[str]:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, RequestDataTooBig):  # Django's own check, from request.body
+        exc = payload_too_large(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+    if isinstance(exc, PayloadTooLarge):
+        return Response(error_body("INVALID_REQUEST", str(exc.detail)), 413)
     if isinstance(exc, exceptions.ParseError):
         return Response(error_body("INVALID_REQUEST", f"body: not valid JSON ({exc.detail})"), 400)
     if isinstance(exc, exceptions.UnsupportedMediaType):
