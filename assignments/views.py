@@ -17,9 +17,10 @@ from assignments import services
 from assignments.serializers import HeartbeatRequestSerializer, HeartbeatResponseSerializer
 from coordination.wire import InvalidRequest, parse_heartbeat
 from coordinator_project.metrics import record_heartbeat
-from groups.api_errors import ErrorBodySerializer, error_body
+from groups.api_errors import RATE_LIMITED, ErrorBodySerializer, error_body
 from groups.api_parsers import BoundedJSONParser
 from groups.auth import require_scope
+from groups.ratelimit import join_retry_after
 from groups.services import KeyScope, url_name_problem
 
 
@@ -83,5 +84,13 @@ class HeartbeatView(APIView):
             req = parse_heartbeat(request.data)
         except InvalidRequest as exc:
             return Response(error_body("INVALID_REQUEST", str(exc)), 400)
+        if req.member_epoch == 0:  # joins are the expensive requests: refused before the group lock
+            retry = join_retry_after(request.auth.key_id, request.META.get("REMOTE_ADDR", ""))
+            if retry:
+                refused = Response(error_body(
+                    RATE_LIMITED, f"too many joins with this API key or from this address; retry in {retry} s",
+                    req.member_id), 429)
+                refused["Retry-After"] = str(retry)
+                return refused
         result = services.heartbeat(group, req, timezone.now())
         return Response(services.response_body(result), status=result.response.http_status)

@@ -14,6 +14,7 @@ log = logging.getLogger(__name__)
 
 AUTHENTICATION_FAILED = "AUTHENTICATION_FAILED"
 AUTHORIZATION_FAILED = "AUTHORIZATION_FAILED"
+RATE_LIMITED = "RATE_LIMITED"  # 429 with Retry-After
 
 
 def error_body(code: str, message: str, member_id: str | None = None) -> dict[str, Any]:

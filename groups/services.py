@@ -210,6 +210,11 @@ def find_api_key(prefix: str) -> ApiKey:
     return rows[0]
 
 
+def api_key_rows() -> list[ApiKey]:
+    """Every key, newest first (list_api_keys, the admin)."""
+    return list(ApiKey.objects.select_related("group", "stream").order_by("-created_at", "-id"))
+
+
 def key_is_active(key: ApiKey, now: datetime | None = None) -> bool:
     now = now or timezone.now()
     return key.revoked_at is None and (key.expires_at is None or key.expires_at > now)
@@ -227,7 +232,7 @@ def revoke_api_key(key: ApiKey | str, *, actor: str = "operator") -> ApiKey:
     """Revoke at once: every worker refuses the key within KEY_CACHE_SECONDS. Idempotent."""
     key_id = (find_api_key(key) if isinstance(key, str) else key).pk
     with transaction.atomic():
-        row = ApiKey.objects.select_for_update().select_related("group").get(pk=key_id)
+        row = ApiKey.objects.select_for_update(of=("self",)).select_related("group").get(pk=key_id)
         if row.revoked_at is None:
             row.revoked_at = timezone.now()
             row.save(update_fields=["revoked_at"])
@@ -242,7 +247,7 @@ def rotate_api_key(key: ApiKey | str, *, grace_seconds: int = 0, actor: str = "o
     _check_int("grace seconds", grace_seconds, 0, MAX_GRACE_SECONDS)
     key_id = (find_api_key(key) if isinstance(key, str) else key).pk
     with transaction.atomic():
-        old = ApiKey.objects.select_for_update().select_related("group").get(pk=key_id)
+        old = ApiKey.objects.select_for_update(of=("self",)).select_related("group").get(pk=key_id)
         now = timezone.now()
         if not key_is_active(old, now) or old.expires_at is not None:
             raise ServiceError(f"API key {old.prefix}… is revoked or already being rotated")
