@@ -70,3 +70,11 @@ class HeartbeatResponseSerializer(serializers.Serializer):
     metadata = serializers.DictField(
         help_text="{metadataEpoch} always; the full document (settings, versions, shards) on join and SYNC_METADATA",
     )
+
+
+class ErrorBodySerializer(serializers.Serializer):
+    """OpenAPI description of every error body (4xx/5xx, groups.api_errors.error_body)."""
+
+    errorCode = serializers.CharField()
+    errorMessage = serializers.CharField()
+    memberId = serializers.CharField(required=False, help_text="present where the request named one")

@@ -14,10 +14,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from assignments import services
-from assignments.serializers import HeartbeatRequestSerializer, HeartbeatResponseSerializer
+from assignments.serializers import (
+    ErrorBodySerializer,
+    HeartbeatRequestSerializer,
+    HeartbeatResponseSerializer,
+)
 from coordination.wire import InvalidRequest, parse_heartbeat
 from coordinator_project.metrics import record_heartbeat
-from groups.api_errors import RATE_LIMITED, ErrorBodySerializer, error_body
+from groups.api_errors import RATE_LIMITED, error_body
 from groups.api_parsers import BoundedJSONParser
 from groups.auth import require_scope
 from groups.ratelimit import join_retry_after

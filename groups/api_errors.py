@@ -6,9 +6,11 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from rest_framework import exceptions, serializers, status
+from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+
+from groups.api_parsers import PayloadTooLarge, payload_too_large
 
 log = logging.getLogger(__name__)
 
@@ -25,21 +27,6 @@ def error_body(code: str, message: str, member_id: str | None = None) -> dict[st
     return body
 
 
-class ErrorBodySerializer(serializers.Serializer):
-    """OpenAPI description of every 4xx/5xx body."""
-
-    errorCode = serializers.CharField()
-    errorMessage = serializers.CharField()
-    memberId = serializers.CharField(required=False, help_text="present where the request named one")
-
-
-class PayloadTooLarge(exceptions.APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_code = "payload_too_large"
-
-
-def payload_too_large(limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(f"body: larger than the limit of {limit} bytes (DATA_UPLOAD_MAX_MEMORY_SIZE)")
 
 
 def flatten_errors(detail: Any, path: str = "") -> list[str]:

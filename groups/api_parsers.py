@@ -6,14 +6,24 @@ from collections.abc import Mapping
 from typing import IO, Any
 
 from django.conf import settings
-from rest_framework.exceptions import ParseError
+from rest_framework import status
+from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import JSONParser
 from rest_framework.utils.json import strict_constant
 
-from groups.api_errors import payload_too_large
-
 # The deepest body the API takes is 3 levels (heartbeat → revokingShards → entry).
 MAX_JSON_DEPTH = 32
+
+
+class PayloadTooLarge(APIException):
+    """A body over DATA_UPLOAD_MAX_MEMORY_SIZE: 413 with the JSON error body (api_errors)."""
+
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "payload_too_large"
+
+
+def payload_too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"body: larger than the limit of {limit} bytes (DATA_UPLOAD_MAX_MEMORY_SIZE)")
 
 
 def nested_too_deep(raw: bytes, data: Any, limit: int = MAX_JSON_DEPTH) -> bool:

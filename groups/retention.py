@@ -40,7 +40,7 @@ def apply_retention(
     event_age: timedelta | None = None,
     batch: int = BATCH,
 ) -> dict[str, int]:
-    """One pass; ages default to the settings (0 there: keep forever)."""
+    """One pass. Ages default to the settings; a zero age (here or there) keeps everything."""
     now = now or timezone.now()
     if tombstone_age is None:
         seconds = int(getattr(settings, "MEMBER_TOMBSTONE_RETENTION_SECONDS", 86_400))

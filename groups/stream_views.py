@@ -9,7 +9,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from groups.api_errors import ErrorBodySerializer, error_body
+from assignments.serializers import ErrorBodySerializer
+from groups.api_errors import error_body
 from groups.auth import require_scope, require_stream_access
 from groups.metadata import routing_document
 from groups.models import Stream
