@@ -59,6 +59,7 @@ class HeartbeatView(APIView):
     parser_classes = [BoundedJSONParser]
     renderer_classes = [JSONRenderer]
     content_negotiation_class = JsonOnly
+    logs_refusals = True  # record_heartbeat logs every refusal (rate-limited where repeatable)
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Response:
         started = time.perf_counter()  # every outcome (auth, validation, core) is counted

@@ -238,6 +238,18 @@ def test_bad_key_costs_one_query_then_none_and_one_log_line(api: APIClient, orde
     assert beat(api, orders, "x" * 5000).status_code == 401  # absurdly long: not even hashed
 
 
+def test_bad_key_on_other_endpoints_logs_one_line_per_period(api: APIClient, orders: GroupFixture, caplog):
+    from groups import api_errors
+
+    api_errors._auth_refusals.clear()
+    caplog.set_level(logging.WARNING)
+    for _ in range(20):
+        assert routing(api, orders, "rsc_not-a-key") == 401
+        assert describe(api, orders, "rsc_not-a-key") == 401
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1 and lines[0].getMessage().startswith("API request refused: 401 GET /api/v1/")
+
+
 @override_settings(JOIN_RATE_PER_KEY=1, JOIN_BURST_PER_KEY=2)
 def test_joins_beyond_the_per_key_rate_get_429_with_retry_after(api: APIClient, orders: GroupFixture):
     assert beat(api, orders, orders.key, member="a").status_code == 200
