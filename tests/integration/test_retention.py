@@ -115,3 +115,43 @@ def test_apply_retention_command_and_beat_task(history: datetime):
     entry = settings.CELERY_BEAT_SCHEDULE["apply-retention"]
     assert entry["task"] == tasks.apply_retention.name == "groups.tasks.apply_retention"
     assert tasks.apply_retention() == {"tombstones": 0, "events": 0}  # nothing left past the defaults
+
+
+def test_retention_waits_for_the_group_lock_and_spares_a_tombstone_rejoined_meanwhile(orders: GroupFixture):
+    import threading
+
+    from django.db import connection, connections, transaction
+
+    from assignments.store import lock_group
+
+    old = timezone.now() - 3 * DAY
+    beat("a", 0, old)
+    beat("a", -1, old)
+    result: dict[str, object] = {}
+
+    def retention() -> None:
+        try:
+            result.update(apply_retention(timezone.now(), tombstone_age=DAY, event_age=timedelta(0)))
+        except Exception as exc:  # reported by the assertion below
+            result["error"] = repr(exc)
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=retention)
+    with transaction.atomic():
+        lock_group("g1")  # as a locked heartbeat holds it between loading "a" and saving it
+        worker.start()
+        with connection.cursor() as cursor:
+            for _ in range(400):  # until retention waits on the group's row lock
+                cursor.execute("SELECT pg_stat_clear_snapshot()")  # else fixed for this transaction
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                               " AND query LIKE '%%FOR UPDATE%%' AND datname = current_database()")
+                if cursor.fetchone()[0]:
+                    break
+                threading.Event().wait(0.025)  # poll interval of a deadline loop
+            else:
+                pytest.fail(f"retention never waited for the group lock: {result}")
+        assert beat("a", 0, timezone.now())[1] == "NONE"  # the rejoin, in the lock holder's transaction
+    worker.join(30)
+    assert result == {"tombstones": 0, "events": 0}
+    assert statuses()["a"] in {"PENDING", "STABLE"}
