@@ -28,8 +28,6 @@ def error_body(code: str, message: str, member_id: str | None = None) -> dict[st
     return body
 
 
-
-
 def flatten_errors(detail: Any, path: str = "") -> list[str]:
     """DRF's nested error dict → ["revokingShards[0].state: ...", ...]."""
     if isinstance(detail, dict):
