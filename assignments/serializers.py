@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from coordination.model import MEMBER_ID_RE, RevokeState
+from coordination.model import MEMBER_ID_OPENAPI_PATTERN, RevokeState
 from coordination.wire import (
     MAX_CLIENT_ID_LENGTH,
     MAX_EPOCH,
@@ -21,7 +21,7 @@ class RevokingShardSerializer(serializers.Serializer):
 class HeartbeatRequestSerializer(serializers.Serializer):
     """OpenAPI description of the request; validation is coordination.wire.parse_heartbeat."""
 
-    memberId = serializers.RegexField(MEMBER_ID_RE.pattern, max_length=64,
+    memberId = serializers.RegexField(MEMBER_ID_OPENAPI_PATTERN, max_length=64,
                                       help_text="1-64 chars of [A-Za-z0-9._:-], kept for the life of the process")
     memberEpoch = serializers.IntegerField(min_value=-1, max_value=MAX_EPOCH,
                                            help_text="0 joins/rejoins, -1 leaves, >0 regular heartbeat")
@@ -52,20 +52,29 @@ class AssignmentSerializer(serializers.Serializer):
 
 
 class HeartbeatResponseSerializer(serializers.Serializer):
-    """Documentation of the response; every field is always present (null on errors)."""
+    """Documentation of an accepted heartbeat's response (200); every field is always present.
 
-    errorCode = serializers.ChoiceField(choices=[
-        "NONE", "INVALID_REQUEST", "GROUP_ID_NOT_FOUND", "UNKNOWN_MEMBER_ID",
-        "FENCED_MEMBER_EPOCH", "GROUP_MAX_SIZE_REACHED", "AUTHENTICATION_FAILED", "AUTHORIZATION_FAILED",
-    ])
+    Errors (4xx) are `groups.api_errors.ErrorBodySerializer`: errorCode (INVALID_REQUEST,
+    GROUP_ID_NOT_FOUND, UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH, GROUP_MAX_SIZE_REACHED,
+    AUTHENTICATION_FAILED, AUTHORIZATION_FAILED, RATE_LIMITED), errorMessage, memberId.
+    """
+
+    errorCode = serializers.ChoiceField(choices=["NONE"])
     errorMessage = serializers.CharField(allow_null=True)
-    status = serializers.ChoiceField(choices=["OK", "SYNC_METADATA", "REVOKE_PENDING"], allow_null=True)
-    memberId = serializers.CharField(allow_null=True)
-    memberEpoch = serializers.IntegerField(allow_null=True)
-    assignmentEpoch = serializers.IntegerField(allow_null=True)
-    heartbeatIntervalMs = serializers.IntegerField(allow_null=True)
-    assignment = AssignmentSerializer(allow_null=True)
+    status = serializers.ChoiceField(choices=["OK", "SYNC_METADATA", "REVOKE_PENDING"])
+    memberId = serializers.CharField()
+    memberEpoch = serializers.IntegerField()
+    assignmentEpoch = serializers.IntegerField()
+    heartbeatIntervalMs = serializers.IntegerField()
+    assignment = AssignmentSerializer()
     metadata = serializers.DictField(
-        allow_null=True,
         help_text="{metadataEpoch} always; the full document (settings, versions, shards) on join and SYNC_METADATA",
     )
+
+
+class ErrorBodySerializer(serializers.Serializer):
+    """OpenAPI description of every error body (4xx/5xx, groups.api_errors.error_body)."""
+
+    errorCode = serializers.CharField()
+    errorMessage = serializers.CharField()
+    memberId = serializers.CharField(required=False, help_text="present where the request named one")

@@ -17,6 +17,7 @@ from coordination.model import (
     HeartbeatResponse,
     Status,
 )
+from groups.api_errors import error_body
 from groups.metadata import group_metadata
 from groups.models import Group
 
@@ -71,9 +72,12 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> Heartbea
 
 
 def response_body(result: HeartbeatResult) -> dict[str, Any]:
-    """The wire form: every field present, lists full (§3)."""
+    """The wire form: every field present, lists full (§3); an error is errorCode,
+    errorMessage and memberId only."""
     r = result.response
     a = r.assignment
+    if r.error_code != ErrorCode.NONE:
+        return error_body(r.error_code.value, r.error_message or "", r.member_id)
     return {
         "errorCode": r.error_code.value,
         "errorMessage": r.error_message,

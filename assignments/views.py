@@ -8,26 +8,35 @@ from django.http import HttpRequest
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.negotiation import BaseContentNegotiation
-from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from assignments import services
-from assignments.serializers import HeartbeatRequestSerializer, HeartbeatResponseSerializer
+from assignments.serializers import (
+    ErrorBodySerializer,
+    HeartbeatRequestSerializer,
+    HeartbeatResponseSerializer,
+)
 from coordination.wire import InvalidRequest, parse_heartbeat
 from coordinator_project.metrics import record_heartbeat
-from groups.api_errors import error_body
+from groups.api_errors import RATE_LIMITED, error_body
+from groups.api_parsers import BoundedJSONParser
 from groups.auth import require_scope
-from groups.services import KeyScope
+from groups.ratelimit import join_retry_after
+from groups.services import KeyScope, url_name_problem
 
 
 def authorize_group(request: Request, group: str) -> Response | None:
-    """401 without a key, 404 for no such group, 403 for another group's key."""
+    """401 without a key, 400 for a name no group can have, 404 for no such group, 403 for
+    another group's key."""
     scope: KeyScope = require_scope(request)
     if scope.group == group:
         return None
+    problem = url_name_problem("group", group)
+    if problem is not None:
+        return Response(error_body("INVALID_REQUEST", problem), 400)
     if not services.group_exists(group):
         return Response(error_body("GROUP_ID_NOT_FOUND", f"group {group!r} does not exist"), 404)
     return Response(
@@ -47,9 +56,10 @@ class JsonOnly(BaseContentNegotiation):
 
 
 class HeartbeatView(APIView):
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
     renderer_classes = [JSONRenderer]
     content_negotiation_class = JsonOnly
+    logs_refusals = True  # record_heartbeat logs every refusal (rate-limited where repeatable)
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Response:
         started = time.perf_counter()  # every outcome (auth, validation, core) is counted
@@ -57,11 +67,16 @@ class HeartbeatView(APIView):
         # The body only if the view parsed it: an unauthenticated body is never parsed for a log.
         record_heartbeat(kwargs.get("group", ""), getattr(self.request, "_full_data", None),
                          getattr(response, "data", None), time.perf_counter() - started)
+        # record_heartbeat logged it (rate-limited); skip django.request's second warning line.
+        response._has_been_logged = True  # type: ignore[attr-defined]
         return response
 
     @extend_schema(
         request=HeartbeatRequestSerializer,
-        responses={code: OpenApiResponse(HeartbeatResponseSerializer) for code in (200, 400, 401, 403, 404, 409)},
+        responses={
+            200: OpenApiResponse(HeartbeatResponseSerializer),
+            **{code: OpenApiResponse(ErrorBodySerializer) for code in (400, 401, 403, 404, 409, 413, 429)},
+        },
         summary="Member heartbeat: join (epoch 0), leave (-1), or regular (>0)",
     )
     def post(self, request: Request, group: str) -> Response:
@@ -74,5 +89,13 @@ class HeartbeatView(APIView):
             req = parse_heartbeat(request.data)
         except InvalidRequest as exc:
             return Response(error_body("INVALID_REQUEST", str(exc)), 400)
+        if req.member_epoch == 0:  # joins are the expensive requests: refused before the group lock
+            retry = join_retry_after(request.auth.key_id, request.META.get("REMOTE_ADDR", ""))
+            if retry:
+                refused = Response(error_body(
+                    RATE_LIMITED, f"too many joins with this API key or from this address; retry in {retry} s",
+                    req.member_id), 429)
+                refused["Retry-After"] = str(retry)
+                return refused
         result = services.heartbeat(group, req, timezone.now())
         return Response(services.response_body(result), status=result.response.http_status)

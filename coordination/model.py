@@ -64,7 +64,11 @@ class GroupPhase(StrEnum):
     STABLE = "STABLE"
 
 
-MEMBER_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+# Names are checked with full matches (fullmatch and \Z): a pattern ending in `$` also
+# accepts a trailing newline ("m1\n"). The ECMA form is for OpenAPI, whose `pattern` is a search.
+MEMBER_ID_PATTERN = "[A-Za-z0-9._:-]{1,64}"
+MEMBER_ID_RE = re.compile(rf"\A{MEMBER_ID_PATTERN}\Z")
+MEMBER_ID_OPENAPI_PATTERN = f"^{MEMBER_ID_PATTERN}$"
 
 
 def shard_sort_key(shard_id: str) -> tuple[str, int, int]:

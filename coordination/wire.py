@@ -7,6 +7,7 @@ OpenAPI; a test keeps the two in step.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from coordination.model import MEMBER_ID_RE, HeartbeatRequest, RevokeReport, RevokeState
@@ -21,6 +22,13 @@ FIELDS = frozenset({
     "ownedShards", "revokingShards", "drainedShards",
 })
 _REVOKE_STATES = {s.value: s for s in RevokeState}
+# Control characters (NUL above all: PostgreSQL refuses it in text, a newline forges log
+# lines) and lone surrogates (not encodable as UTF-8) never get past validation.
+UNSAFE_CHARS_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def has_unsafe_chars(value: str) -> bool:
+    return UNSAFE_CHARS_RE.search(value) is not None
 
 
 class InvalidRequest(ValueError):
@@ -61,6 +69,9 @@ class _Checker:
         if len(value) > max_length:
             self.fail(name, f"must be at most {max_length} characters")
             return None
+        if has_unsafe_chars(value):
+            self.fail(name, "must not contain control characters")
+            return None
         return value
 
     def shard(self, path: str, value: Any) -> str | None:
@@ -69,6 +80,9 @@ class _Checker:
             return None
         if not 0 < len(value) <= MAX_SHARD_ID_LENGTH:
             self.fail(path, f"must be a shard id of 1-{MAX_SHARD_ID_LENGTH} characters")
+            return None
+        if has_unsafe_chars(value):
+            self.fail(path, "must not contain control characters")
             return None
         return value
 
@@ -100,7 +114,7 @@ def parse_heartbeat(data: Any) -> HeartbeatRequest:
     member_id = c.string("memberId", 64)
     if data.get("memberId") is None:
         c.fail("memberId", "required")
-    elif member_id is not None and not MEMBER_ID_RE.match(member_id):
+    elif member_id is not None and not MEMBER_ID_RE.fullmatch(member_id):
         c.fail("memberId", "must be 1-64 characters of [A-Za-z0-9._:-]")
     member_epoch = c.integer("memberEpoch", -1, MAX_EPOCH, required=True)
     client_id = c.string("clientId", MAX_CLIENT_ID_LENGTH)

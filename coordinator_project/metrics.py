@@ -35,6 +35,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from coordination.model import MemberStatus
+from groups.ratelimit import LogThrottle
 
 log = logging.getLogger("coordinator.heartbeat")
 
@@ -50,6 +51,11 @@ HEARTBEAT_LATENCY = Histogram(
 )
 
 
+# Refusals an unauthenticated or misbehaving client can repeat at will: one line per 10 s each.
+_THROTTLED_CODES = frozenset({"AUTHENTICATION_FAILED", "RATE_LIMITED"})
+REFUSAL_LOG_THROTTLE = LogThrottle(every=10.0)
+
+
 def record_heartbeat(group: str, data: Any, body: Any, seconds: float) -> None:
     """Count one answered heartbeat; log it when refused. Cheap: no I/O besides the log line."""
     body = body if isinstance(body, dict) else {}
@@ -57,11 +63,17 @@ def record_heartbeat(group: str, data: Any, body: Any, seconds: float) -> None:
     HEARTBEATS.labels(code, str(body.get("status") or "")).inc()
     HEARTBEAT_LATENCY.observe(seconds)
     if code != "NONE":
+        held = 0
+        if code in _THROTTLED_CODES:  # a flood of bad keys or joins must not flood the log
+            held = REFUSAL_LOG_THROTTLE.allow(code)
+            if held is None:
+                return
         req = data if isinstance(data, dict) else {}
         member = body.get("memberId") or req.get("memberId")
         log.warning(
-            "heartbeat rejected %s group=%s member=%s memberEpoch=%s: %s",
+            "heartbeat rejected %s group=%s member=%s memberEpoch=%s: %s%s",
             code, group, member, req.get("memberEpoch"), body.get("errorMessage"),
+            f" ({held} more not logged in the last {REFUSAL_LOG_THROTTLE.every:g} s)" if held else "",
             extra={
                 "event": "heartbeat_rejected", "group": group, "memberId": member,
                 "memberEpoch": req.get("memberEpoch"), "errorCode": code,

@@ -197,7 +197,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["groups.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": [],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["groups.api_parsers.BoundedJSONParser"],  # size + depth bounds
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "groups.api_errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
@@ -253,3 +253,24 @@ CELERY_BEAT_SCHEDULE = {
 SWEEP_MAX_LAG_SECONDS = float(os.environ.get("SWEEP_MAX_LAG_SECONDS", max(30.0, 10 * SWEEP_INTERVAL_SECONDS)))
 # Optional bearer token for /metrics (empty: open, as usual behind a private scrape network).
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
+
+# --- Hardening: shard cap, retention, join rate limits (issue 8.5, 8.6) --------------------
+# Most shards a stream version may have (create_stream, reshard); hard ceiling 16,384.
+MAX_SHARDS_PER_STREAM = env_int("MAX_SHARDS_PER_STREAM", 1024)
+# Retention (groups.retention, beat task `groups.tasks.apply_retention`). LEFT, EXPIRED and
+# FENCED member rows last heard more than this long ago (and longer ago than the group's
+# session timeout) are deleted; events older than EVENT_RETENTION_DAYS. 0 keeps them forever.
+MEMBER_TOMBSTONE_RETENTION_SECONDS = env_int("MEMBER_TOMBSTONE_RETENTION_SECONDS", 86_400)
+EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 30)
+RETENTION_INTERVAL_SECONDS = float(os.environ.get("RETENTION_INTERVAL_SECONDS", "300"))
+CELERY_BEAT_SCHEDULE["apply-retention"] = {
+    "task": "groups.tasks.apply_retention",
+    "schedule": RETENTION_INTERVAL_SECONDS,
+    "options": {"expires": RETENTION_INTERVAL_SECONDS},
+}
+# Joins (memberEpoch 0) per web worker process: a token bucket per API key and per client
+# address (REMOTE_ADDR; behind a proxy that is the proxy's). Rate 0 turns a limit off.
+JOIN_RATE_PER_KEY = float(os.environ.get("JOIN_RATE_PER_KEY", "50"))
+JOIN_BURST_PER_KEY = env_int("JOIN_BURST_PER_KEY", 1000)
+JOIN_RATE_PER_IP = float(os.environ.get("JOIN_RATE_PER_IP", "0"))
+JOIN_BURST_PER_IP = env_int("JOIN_BURST_PER_IP", 100)

@@ -373,3 +373,5 @@ class SweepRunAdmin(ReadOnlyAdmin):
         if obj.last_finished_at is None:
             return "never finished"
         return f"{(timezone.now() - obj.last_finished_at).total_seconds():.1f}"
+
+from groups import admin_keys  # noqa: E402, F401  (API keys: registered in their own module)

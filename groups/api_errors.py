@@ -4,29 +4,29 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.db import InterfaceError, OperationalError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from groups.api_parsers import PayloadTooLarge, payload_too_large
+from groups.ratelimit import LogThrottle
+
 log = logging.getLogger(__name__)
 
 AUTHENTICATION_FAILED = "AUTHENTICATION_FAILED"
 AUTHORIZATION_FAILED = "AUTHORIZATION_FAILED"
+RATE_LIMITED = "RATE_LIMITED"  # 429 with Retry-After
 
 
 def error_body(code: str, message: str, member_id: str | None = None) -> dict[str, Any]:
-    return {
-        "errorCode": code,
-        "errorMessage": message,
-        "status": None,
-        "memberId": member_id,
-        "memberEpoch": None,
-        "assignmentEpoch": None,
-        "heartbeatIntervalMs": None,
-        "assignment": None,
-        "metadata": None,
-    }
+    """§3: an error carries errorCode, errorMessage and, where known, memberId; nothing else."""
+    body: dict[str, Any] = {"errorCode": code, "errorMessage": message}
+    if member_id is not None:
+        body["memberId"] = member_id
+    return body
 
 
 def flatten_errors(detail: Any, path: str = "") -> list[str]:
@@ -50,7 +50,27 @@ def flatten_errors(detail: Any, path: str = "") -> list[str]:
     return [f"{path or 'body'}: {detail}"]
 
 
+# Bad keys are free to repeat: one warning line per 10 s (with a count), not one per request.
+_auth_refusals = LogThrottle(every=10.0)
+
+
+def _log_refusal_once(response: Response, context: dict[str, Any]) -> None:
+    response._has_been_logged = True  # type: ignore[attr-defined]  # no django.request line per request
+    if getattr(context.get("view"), "logs_refusals", False):
+        return  # the heartbeat view logs its refusals itself (metrics.record_heartbeat)
+    held = _auth_refusals.allow(AUTHENTICATION_FAILED)
+    if held is not None:
+        request = context.get("request")
+        log.warning("API request refused: 401 %s %s%s", getattr(request, "method", "?"),
+                    getattr(request, "path", "?").encode("unicode_escape").decode(),
+                    f" ({held} more not logged in the last {_auth_refusals.every:g} s)" if held else "")
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, RequestDataTooBig):  # Django's own check, from request.body
+        exc = payload_too_large(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+    if isinstance(exc, PayloadTooLarge):
+        return Response(error_body("INVALID_REQUEST", str(exc.detail)), 413)
     if isinstance(exc, exceptions.ParseError):
         return Response(error_body("INVALID_REQUEST", f"body: not valid JSON ({exc.detail})"), 400)
     if isinstance(exc, exceptions.UnsupportedMediaType):
@@ -60,6 +80,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
         response = Response(error_body(AUTHENTICATION_FAILED, str(exc.detail)), 401)
         response["WWW-Authenticate"] = "Bearer"
+        _log_refusal_once(response, context)
         return response
     if isinstance(exc, exceptions.PermissionDenied):
         return Response(error_body(AUTHORIZATION_FAILED, str(exc.detail)), 403)

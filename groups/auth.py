@@ -1,4 +1,4 @@
-"""Bearer API keys (one group or one stream each) for the DRF views."""
+"""Bearer API keys for the DRF views: a group key, or a stream key (produce or admin)."""
 from __future__ import annotations
 
 from rest_framework import exceptions
@@ -20,7 +20,7 @@ class ApiKeyAuthentication(BaseAuthentication):
             raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <key>'")
         scope = resolve_api_key(parts[1])
         if scope is None:
-            raise exceptions.AuthenticationFailed("unknown or revoked API key")
+            raise exceptions.AuthenticationFailed("unknown, revoked or expired API key")
         return (None, scope)
 
     def authenticate_header(self, request: Request) -> str:
@@ -34,11 +34,14 @@ def require_scope(request: Request) -> KeyScope:
     return scope
 
 
-def require_stream_access(request: Request, stream: str, *, groups_allowed: bool) -> KeyScope:
-    """A stream key of that stream, or (for read-only routing) a key of a group on it."""
+def require_stream_access(request: Request, stream: str, *, reshard: bool) -> KeyScope:
+    """Routing: a key of the stream or of a group on it. Reshard: the stream's admin key."""
     scope = require_scope(request)
-    if scope.group is None and scope.stream == stream:
-        return scope
-    if groups_allowed and scope.group is not None and scope.stream == stream:
+    if reshard and scope.stream == stream and not scope.may_reshard(stream):
+        raise exceptions.PermissionDenied(
+            f"this API key ({scope.role}) may not reshard stream {stream!r}; use a stream admin key"
+        )
+    allowed = scope.may_reshard(stream) if reshard else scope.may_route(stream)
+    if allowed:
         return scope
     raise exceptions.PermissionDenied(f"this API key does not grant access to stream {stream!r}")

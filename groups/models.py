@@ -88,31 +88,46 @@ class Group(models.Model):
         return self.name
 
 
+class KeyRole(models.TextChoices):
+    """What a key may do (docs/SECURITY.md)."""
+
+    GROUP = "group"  # heartbeat + describe of its group, routing of the group's stream
+    PRODUCE = "produce"  # routing of its stream
+    ADMIN = "admin"  # routing + reshard of its stream
+
+
 class ApiKey(models.Model):
-    """A bearer key for one group (heartbeat, describe) or one stream (producers, reshard).
+    """A bearer key for one group (role group) or one stream (role produce or admin).
 
     Only a SHA-256 of the key is stored: keys are 256-bit random, so a slow hash buys nothing.
+    A key is valid while not revoked and not past `expires_at` (set by a rotation's grace).
     """
 
     name = models.CharField(max_length=100, blank=True)
-    prefix = models.CharField(max_length=16, editable=False)  # shown to operators
+    prefix = models.CharField(max_length=16, editable=False, db_index=True)  # shown to operators
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    scope = models.CharField(max_length=16, choices=KeyRole.choices, editable=False)
     group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.CASCADE, related_name="api_keys")
     stream = models.ForeignKey(Stream, null=True, blank=True, on_delete=models.CASCADE, related_name="api_keys")
     created_at = models.DateTimeField(auto_now_add=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Stamped at most once a minute per key (groups.services.resolve_api_key), not per request.
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         constraints = [
             models.CheckConstraint(
-                condition=(models.Q(group__isnull=False, stream__isnull=True)
-                           | models.Q(group__isnull=True, stream__isnull=False)),
-                name="apikey_group_xor_stream",
+                condition=(models.Q(group__isnull=False, stream__isnull=True, scope=KeyRole.GROUP)
+                           | models.Q(group__isnull=True, stream__isnull=False,
+                                      scope__in=[KeyRole.PRODUCE, KeyRole.ADMIN])),
+                name="apikey_group_xor_stream_scope",
             ),
         ]
+        verbose_name = "API key"
 
     def __str__(self) -> str:
-        scope = f"group {self.group}" if self.group_id else f"stream {self.stream}"
+        scope = f"group {self.group}" if self.group_id else f"stream {self.stream} ({self.scope})"
         return f"{self.prefix}… ({scope})"
 
 

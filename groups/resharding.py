@@ -33,7 +33,7 @@ from coordination import engine
 from coordination.shardmath import parent_indexes, shard_id
 from groups.metadata import seal_key
 from groups.models import Event, Group, Shard, ShardVersion, Stream, StreamState, VersionState
-from groups.services import MAX_SHARDS, ServiceError, _check_int
+from groups.services import ServiceError, _check_int, shard_cap
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +51,9 @@ def start_reshard(stream: str, shards: int, *, actor: str = "operator") -> Shard
     """§6.1: create version v+1 with N shards; producers route to it, members learn it (R7).
 
     Refused (ServiceError, nothing changed) for an unknown stream, a count outside
-    1..MAX_SHARDS, the current count, or while a reshard of this stream is still running.
+    1..shard_cap() (settings.MAX_SHARDS_PER_STREAM), the current count, or while a reshard of this stream is still running.
     """
-    _check_int("shards", shards, 1, MAX_SHARDS)
+    _check_int("shards", shards, 1, shard_cap())
     now = timezone.now()
     with transaction.atomic():
         row = _lock_stream(stream)

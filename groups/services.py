@@ -7,23 +7,58 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from assignments.models import ShardAssignment
 from assignments.store import lock_group
 from coordination.shardmath import shard_id
-from groups.models import ApiKey, Event, Group, Shard, ShardVersion, StartPosition, Stream, VersionState
+from groups.models import (
+    ApiKey,
+    Event,
+    Group,
+    KeyRole,
+    Shard,
+    ShardVersion,
+    StartPosition,
+    Stream,
+    VersionState,
+)
 
-STREAM_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")  # no ':' — shard ids are stream:v:i
-GROUP_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
-KEY_PREFIX_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-MAX_SHARDS = 16_384
+# Full matches only (\A…\Z, fullmatch): `$` would also accept a trailing newline.
+STREAM_NAME_RE = re.compile(r"\A[A-Za-z0-9._-]{1,200}\Z")  # no ':' — shard ids are stream:v:i
+GROUP_NAME_RE = re.compile(r"\A[A-Za-z0-9._-]{1,200}\Z")
+KEY_PREFIX_RE = re.compile(r"\A[A-Za-z0-9._-]{1,64}\Z")
+MAX_SHARDS = 16_384  # hard ceiling; the operator's cap is settings.MAX_SHARDS_PER_STREAM
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
+
+
+log = logging.getLogger(__name__)
+
+
+def shard_cap() -> int:
+    """Most shards one version may have: the routing document at 16,384 shards is 3.3 MB and
+    goes into every full-metadata heartbeat, so operators cap it well below (default 1,024)."""
+    return min(int(getattr(settings, "MAX_SHARDS_PER_STREAM", 1024)), MAX_SHARDS)
 
 
 class ServiceError(ValueError):
     """Bad input to a service: the message names the field and is safe to show."""
+
+
+def url_name_problem(field: str, value: str) -> str | None:
+    """Why a group or stream name taken from a URL cannot name one (None: it can).
+
+    Checked before any query: PostgreSQL refuses a NUL byte in text (a 500, not a 404).
+    """
+    pattern = GROUP_NAME_RE if field == "group" else STREAM_NAME_RE
+    if pattern.fullmatch(value):
+        return None
+    return f"{field}: must be 1-200 characters of [A-Za-z0-9._-], got {value!r}"
 
 
 def _check_int(field: str, value: int, lo: int, hi: int) -> int:
@@ -33,10 +68,10 @@ def _check_int(field: str, value: int, lo: int, hi: int) -> int:
 
 
 def create_stream(name: str, shards: int, key_prefix: str = "rsc") -> Stream:
-    if not STREAM_NAME_RE.match(name or ""):
+    if not STREAM_NAME_RE.fullmatch(name or ""):
         raise ServiceError(f"stream name {name!r} must be 1-200 characters of [A-Za-z0-9._-]")
-    _check_int("shards", shards, 1, MAX_SHARDS)
-    if not KEY_PREFIX_RE.match(key_prefix or ""):
+    _check_int("shards", shards, 1, shard_cap())
+    if not KEY_PREFIX_RE.fullmatch(key_prefix or ""):
         raise ServiceError(f"key prefix {key_prefix!r} must be 1-64 characters of [A-Za-z0-9._-]")
     try:
         with transaction.atomic():
@@ -61,7 +96,7 @@ def create_group(
     max_members: int = 1000,
     start_position: str = StartPosition.EARLIEST,
 ) -> Group:
-    if not GROUP_NAME_RE.match(name or ""):
+    if not GROUP_NAME_RE.fullmatch(name or ""):
         raise ServiceError(f"group name {name!r} must be 1-200 characters of [A-Za-z0-9._-]")
     validate_group_config(
         heartbeat_interval_ms=heartbeat_interval_ms,
@@ -98,68 +133,190 @@ def create_group(
 # --- API keys ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class KeyScope:
+    """What a resolved bearer key may touch (docs/SECURITY.md)."""
+
     key_id: int
     group: str | None
     stream: str  # the group's stream for a group key
+    role: str = KeyRole.GROUP
+    expires_at: float | None = None  # time.time() seconds; set during a rotation's grace
+
+    def may_route(self, stream: str) -> bool:
+        """Routing: a group key of a group on the stream, or a produce/admin key of it."""
+        return self.stream == stream
+
+    def may_reshard(self, stream: str) -> bool:
+        return self.role == KeyRole.ADMIN and self.stream == stream
+
+
+# Revocation must reach every web worker within 1 s (issue 8.6), so a resolved key is cached
+# for at most that long: one indexed lookup per key per worker per second. Unknown keys are
+# cached longer (nothing can make a random string valid later), in a separate bounded map so
+# a flood of random keys only ever evicts other unknown keys.
+KEY_CACHE_SECONDS = 1.0
+NEGATIVE_CACHE_SECONDS = 5.0
+KEY_CACHE_MAX = 10_000
+MAX_KEY_LENGTH = 128  # ours are 47 characters; longer is not worth hashing
+LAST_USED_EVERY = timedelta(minutes=1)
+MAX_GRACE_SECONDS = 30 * 86_400
+_key_cache: dict[str, tuple[float, KeyScope]] = {}
+_unknown_keys: dict[str, float] = {}
 
 
 def _hash(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def create_api_key(*, group: str | None = None, stream: str | None = None, name: str = "") -> str:
-    """Make a key for one group or one stream; returns the raw key (shown once)."""
+def _new_key(**fields: object) -> tuple[str, ApiKey]:
+    raw = "rsc_" + secrets.token_urlsafe(32)
+    return raw, ApiKey.objects.create(prefix=raw[:12], key_hash=_hash(raw), **fields)
+
+
+def create_api_key(
+    *, group: str | None = None, stream: str | None = None, name: str = "", scope: str | None = None
+) -> str:
+    """Make a key for one group, or a `produce` (default) or `admin` key for one stream;
+    returns the raw key (shown once, only its hash is stored)."""
     if (group is None) == (stream is None):
         raise ServiceError("give exactly one of group or stream")
-    raw = "rsc_" + secrets.token_urlsafe(32)
     if group is not None:
+        if scope not in (None, KeyRole.GROUP):
+            raise ServiceError(f"scope {scope!r}: a group key has scope 'group'")
         g = Group.objects.filter(name=group).first()
         if g is None:
             raise ServiceError(f"group {group!r} does not exist")
-        ApiKey.objects.create(name=name, prefix=raw[:12], key_hash=_hash(raw), group=g)
-    else:
-        s = Stream.objects.filter(name=stream).first()
-        if s is None:
-            raise ServiceError(f"stream {stream!r} does not exist")
-        ApiKey.objects.create(name=name, prefix=raw[:12], key_hash=_hash(raw), stream=s)
-    return raw
+        return _new_key(name=name, group=g, scope=KeyRole.GROUP)[0]
+    scope = scope or KeyRole.PRODUCE
+    if scope not in (KeyRole.PRODUCE, KeyRole.ADMIN):
+        raise ServiceError(f"scope {scope!r}: a stream key has scope 'produce' or 'admin'")
+    s = Stream.objects.filter(name=stream).first()
+    if s is None:
+        raise ServiceError(f"stream {stream!r} does not exist")
+    return _new_key(name=name, stream=s, scope=scope)[0]
 
 
-# Successful lookups are cached briefly: the key check sits on every heartbeat.
-_KEY_TTL_S = 10.0
-_key_cache: dict[str, tuple[float, KeyScope]] = {}
+def find_api_key(prefix: str) -> ApiKey:
+    """The one key whose shown prefix is (or starts with) `prefix`."""
+    prefix = (prefix or "").strip()
+    if len(prefix) < 6:
+        raise ServiceError(f"key prefix {prefix!r}: give at least 6 characters, e.g. rsc_AbCdEfGh")
+    rows = list(ApiKey.objects.filter(prefix=prefix).select_related("group", "stream")[:2]) or list(
+        ApiKey.objects.filter(prefix__startswith=prefix).select_related("group", "stream")[:2]
+    )
+    if not rows:
+        raise ServiceError(f"no API key with prefix {prefix!r}")
+    if len(rows) > 1:
+        raise ServiceError(f"key prefix {prefix!r} matches several keys; give more of it")
+    return rows[0]
+
+
+def api_key_rows() -> list[ApiKey]:
+    """Every key, newest first (list_api_keys, the admin)."""
+    return list(ApiKey.objects.select_related("group", "stream").order_by("-created_at", "-id"))
+
+
+def key_is_active(key: ApiKey, now: datetime | None = None) -> bool:
+    now = now or timezone.now()
+    return key.revoked_at is None and (key.expires_at is None or key.expires_at > now)
+
+
+def _key_event(kind: str, key: ApiKey, actor: str, **detail: object) -> None:
+    stream_id = key.stream_id or (key.group.stream_id if key.group_id else None)
+    Event.objects.create(kind=kind, group_id=key.group_id, stream_id=stream_id, actor=actor,
+                         detail={"prefix": key.prefix, "scope": key.scope, **detail})
+    log.info("%s %s… by %s", kind, key.prefix, actor,
+             extra={"event": kind, "prefix": key.prefix, "scope": key.scope})
+
+
+def revoke_api_key(key: ApiKey | str, *, actor: str = "operator") -> ApiKey:
+    """Revoke at once: every worker refuses the key within KEY_CACHE_SECONDS. Idempotent."""
+    key_id = (find_api_key(key) if isinstance(key, str) else key).pk
+    with transaction.atomic():
+        row = ApiKey.objects.select_for_update(of=("self",)).select_related("group").get(pk=key_id)
+        if row.revoked_at is None:
+            row.revoked_at = timezone.now()
+            row.save(update_fields=["revoked_at"])
+            _key_event("api_key_revoked", row, actor)
+    clear_key_cache()  # this worker at once; the others within KEY_CACHE_SECONDS
+    return row
+
+
+def rotate_api_key(key: ApiKey | str, *, grace_seconds: int = 0, actor: str = "operator") -> tuple[str, ApiKey]:
+    """A new key with the same scope; the old one stays valid for `grace_seconds` (0: revoked
+    now). Returns (the new raw key, the old key's row)."""
+    _check_int("grace seconds", grace_seconds, 0, MAX_GRACE_SECONDS)
+    key_id = (find_api_key(key) if isinstance(key, str) else key).pk
+    with transaction.atomic():
+        old = ApiKey.objects.select_for_update(of=("self",)).select_related("group").get(pk=key_id)
+        now = timezone.now()
+        if not key_is_active(old, now) or old.expires_at is not None:
+            raise ServiceError(f"API key {old.prefix}… is revoked or already being rotated")
+        raw, new = _new_key(name=old.name, group_id=old.group_id, stream_id=old.stream_id, scope=old.scope)
+        if grace_seconds:
+            old.expires_at = now + timedelta(seconds=grace_seconds)
+            old.save(update_fields=["expires_at"])
+        else:
+            old.revoked_at = now
+            old.save(update_fields=["revoked_at"])
+        _key_event("api_key_rotated", old, actor, newPrefix=new.prefix, graceSeconds=grace_seconds)
+    clear_key_cache()
+    return raw, old
 
 
 def resolve_api_key(raw: str) -> KeyScope | None:
-    digest = _hash(raw)
-    hit = _key_cache.get(digest)
-    now = time.monotonic()
-    if hit and hit[0] > now:
-        return hit[1]
-    row = (
-        ApiKey.objects.filter(key_hash=digest, revoked_at__isnull=True)
-        .select_related("group__stream", "stream")
-        .first()
-    )
-    if row is None:
-        _key_cache.pop(digest, None)
+    """The scope of a valid key, or None; the check that sits on every request."""
+    if not raw or len(raw) > MAX_KEY_LENGTH:
         return None
-    if row.group_id:
-        scope = KeyScope(row.pk, row.group.name, row.group.stream.name)
+    digest = _hash(raw)
+    now = time.monotonic()
+    hit = _key_cache.get(digest)
+    if hit is not None and hit[0] > now:
+        scope = hit[1]
+        return None if scope.expires_at is not None and scope.expires_at <= time.time() else scope
+    if _unknown_keys.get(digest, 0.0) > now:
+        return None
+    scope = _load_key(digest)
+    if scope is None:
+        _key_cache.pop(digest, None)
+        if len(_unknown_keys) >= KEY_CACHE_MAX:
+            _unknown_keys.clear()
+        _unknown_keys[digest] = now + NEGATIVE_CACHE_SECONDS
     else:
-        scope = KeyScope(row.pk, None, row.stream.name)
-    if len(_key_cache) > 10_000:
-        _key_cache.clear()
-    _key_cache[digest] = (now + _KEY_TTL_S, scope)
+        if len(_key_cache) >= KEY_CACHE_MAX:
+            _key_cache.clear()
+        _key_cache[digest] = (now + KEY_CACHE_SECONDS, scope)
     return scope
+
+
+def _load_key(digest: str) -> KeyScope | None:
+    wall = timezone.now()
+    # key_hash is unique: no ORDER BY, and only the columns the scope needs.
+    rows = (
+        ApiKey.objects.filter(key_hash=digest, revoked_at__isnull=True)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=wall))
+        .values_list("pk", "scope", "expires_at", "last_used_at", "group__name", "group__stream__name",
+                     "stream__name")[:1]
+    )
+    row = next(iter(rows), None)
+    if row is None:
+        return None
+    pk, role, expires_at, last_used_at, group, group_stream, stream = row
+    stale = wall - LAST_USED_EVERY
+    if last_used_at is None or last_used_at <= stale:
+        # Compare-and-set: of all workers refreshing this key, one writes per minute.
+        ApiKey.objects.filter(pk=pk).filter(
+            Q(last_used_at__isnull=True) | Q(last_used_at__lte=stale)
+        ).update(last_used_at=wall)
+    expires = expires_at.timestamp() if expires_at else None
+    return KeyScope(pk, group, group_stream or stream, role, expires)
 
 
 def clear_key_cache() -> None:
     _key_cache.clear()
+    _unknown_keys.clear()
 
 
 # --- group configuration (admin, CLI) -------------------------------------------------------
-log = logging.getLogger(__name__)
 
 # What an operator may change on a group; names, the stream and every epoch are not settings.
 GROUP_CONFIG_FIELDS = (

@@ -9,12 +9,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from assignments.serializers import ErrorBodySerializer
 from groups.api_errors import error_body
 from groups.auth import require_scope, require_stream_access
 from groups.metadata import routing_document
 from groups.models import Stream
 from groups.resharding import ReshardInProgress, StreamNotFound, start_reshard
-from groups.services import ServiceError
+from groups.services import ServiceError, url_name_problem
 
 STREAM_NOT_FOUND = "STREAM_NOT_FOUND"
 RESHARD_IN_PROGRESS = "RESHARD_IN_PROGRESS"
@@ -51,17 +52,20 @@ _reshard_response = inline_serializer("ReshardStarted", {
     "state": serializers.CharField(),
     "routing": _routing,
 })
-_error = inline_serializer("StreamError", {
-    "errorCode": serializers.CharField(), "errorMessage": serializers.CharField(),
-})
+_error = ErrorBodySerializer
 
 
-def _authorize(request: Request, stream: str, *, groups_allowed: bool) -> Response | None:
-    """401 without a key, 404 for no such stream, 403 for a key of anything else."""
+def _authorize(request: Request, stream: str, *, reshard: bool) -> Response | None:
+    """401 without a key, 400 for a name no stream can have, 404 for no such stream, 403 for
+    a key of anything else."""
     scope = require_scope(request)
-    if scope.stream != stream and not Stream.objects.filter(name=stream).exists():
-        return Response(error_body(STREAM_NOT_FOUND, f"stream {stream!r} does not exist"), 404)
-    require_stream_access(request, stream, groups_allowed=groups_allowed)
+    if scope.stream != stream:
+        problem = url_name_problem("stream", stream)
+        if problem is not None:
+            return Response(error_body("INVALID_REQUEST", problem), 400)
+        if not Stream.objects.filter(name=stream).exists():
+            return Response(error_body(STREAM_NOT_FOUND, f"stream {stream!r} does not exist"), 404)
+    require_stream_access(request, stream, reshard=reshard)
     return None
 
 
@@ -71,7 +75,7 @@ class RoutingView(APIView):
         summary="Producer routing: write version, shard ranges and Redis keys of every live version",
     )
     def get(self, request: Request, stream: str) -> Response:
-        refused = _authorize(request, stream, groups_allowed=True)
+        refused = _authorize(request, stream, reshard=False)
         if refused is not None:
             return refused
         row = Stream.objects.filter(name=stream).first()
@@ -88,10 +92,10 @@ class ReshardView(APIView):
             400: _error, 401: _error, 403: _error, 404: _error,
             409: OpenApiResponse(_error, description="RESHARD_IN_PROGRESS: the stream is not STABLE"),
         },
-        summary="Start resharding a stream to N shards (stream key only)",
+        summary="Start resharding a stream to N shards (stream admin key only; at most MAX_SHARDS_PER_STREAM)",
     )
     def post(self, request: Request, stream: str) -> Response:
-        refused = _authorize(request, stream, groups_allowed=False)
+        refused = _authorize(request, stream, reshard=True)
         if refused is not None:
             return refused
         body: Any = request.data

@@ -7,6 +7,7 @@ so overlapping ticks or several workers only cost a few no-op queries.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -15,7 +16,10 @@ from django.utils import timezone
 
 from groups.models import SweepRun
 from groups.resharding import advance_resharding
+from groups.retention import apply_retention
 from members.services import sweep_liveness
+
+log = logging.getLogger(__name__)
 
 LIVENESS = "liveness"  # L1 session expiry + L2 rebalance timeout
 RESHARDING = "resharding"  # §6 seal / retire
@@ -31,6 +35,16 @@ def run_liveness_sweep(now: datetime | None = None) -> dict[str, Any]:
 
 def run_resharding_sweep(now: datetime | None = None) -> dict[str, Any]:
     return _recorded(RESHARDING, advance_resharding, now)
+
+
+def run_retention(now: datetime | None = None) -> dict[str, Any]:
+    """Not recorded in SweepRun: /readyz holds every recorded sweep to SWEEP_MAX_LAG_SECONDS,
+    and retention runs far less often (RETENTION_INTERVAL_SECONDS)."""
+    result = apply_retention(now)
+    if any(result.values()):
+        log.info("retention deleted %(tombstones)s member tombstones, %(events)s events", result,
+                 extra={"event": "retention", **result})
+    return dict(result)
 
 
 def run_all_sweeps(now: datetime | None = None) -> dict[str, dict[str, Any]]:

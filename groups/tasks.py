@@ -12,3 +12,9 @@ from groups import sweeps
 def advance_resharding() -> dict[str, Any]:
     """§6: seal versions being resharded, retire drained ones (beat, every tick)."""
     return sweeps.run_resharding_sweep()
+
+
+@shared_task(name="groups.tasks.apply_retention", ignore_result=True)
+def apply_retention() -> dict[str, Any]:
+    """Delete old member tombstones and events (beat, every RETENTION_INTERVAL_SECONDS)."""
+    return sweeps.run_retention()

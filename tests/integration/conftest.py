@@ -34,7 +34,8 @@ class GroupFixture:
     stream: str
     group: str
     key: str
-    stream_key: str
+    stream_key: str  # produce: routing only
+    admin_key: str  # stream admin: routing and reshard
 
     def url(self, suffix: str = "/heartbeat") -> str:
         return f"/api/v1/groups/{self.group}{suffix}"
@@ -43,7 +44,8 @@ class GroupFixture:
 def make_group(stream: str = "orders", group: str = "g1", shards: int = 4, **config: Any) -> GroupFixture:
     create_stream(stream, shards)
     create_group(group, stream, **config)
-    return GroupFixture(stream, group, create_api_key(group=group), create_api_key(stream=stream))
+    return GroupFixture(stream, group, create_api_key(group=group), create_api_key(stream=stream),
+                        create_api_key(stream=stream, scope="admin"))
 
 
 @pytest.fixture

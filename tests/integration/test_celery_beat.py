@@ -32,9 +32,12 @@ HEARTBEAT_MS = 100
 def test_l3_beat_schedule_names_registered_tasks():
     project_app.loader.import_default_modules()
     schedule = project_app.conf.beat_schedule
-    assert {e["task"] for e in schedule.values()} == {"members.tasks.sweep_liveness", "groups.tasks.advance_resharding"}
+    assert {e["task"] for e in schedule.values()} == {
+        "members.tasks.sweep_liveness", "groups.tasks.advance_resharding", "groups.tasks.apply_retention"}
     assert all(e["task"] in project_app.tasks for e in schedule.values())
-    assert all(e["schedule"] == settings.SWEEP_INTERVAL_SECONDS for e in schedule.values())
+    assert all(e["schedule"] == settings.SWEEP_INTERVAL_SECONDS
+               for name, e in schedule.items() if name != "apply-retention")
+    assert schedule["apply-retention"]["schedule"] == settings.RETENTION_INTERVAL_SECONDS
 
 
 def test_l1_beat_expires_a_silent_member_and_its_shards_move_within_session_timeout_plus_a_tick(

@@ -145,7 +145,7 @@ def routing(api: APIClient, fx: GroupFixture) -> dict[str, Any]:
 def start(how: str, api: APIClient, fx: GroupFixture, shards: int) -> None:
     if how == "http":
         r = api.post(f"/api/v1/streams/{fx.stream}/reshard", {"shards": shards}, format="json",
-                     HTTP_AUTHORIZATION=f"Bearer {fx.stream_key}")
+                     HTTP_AUTHORIZATION=f"Bearer {fx.admin_key}")
         assert r.status_code == 202, r.json()
         assert r.json()["state"] == "PREPARING" and r.json()["routing"]["writeVersion"] == 2
     elif how == "command":

@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from groups.models import Event, Group, Shard, ShardVersion, Stream
 from groups.resharding import ReshardInProgress, StreamNotFound, start_reshard
-from groups.services import MAX_SHARDS, ServiceError
+from groups.services import MAX_SHARDS, ServiceError, shard_cap
 
 from .conftest import ROOT, GroupFixture, live_database_url, make_group
 
@@ -46,7 +46,7 @@ def get_routing(api: APIClient, stream: str, key: str | None) -> tuple[int, dict
 @pytest.mark.parametrize("shards", [0, -1, MAX_SHARDS + 1, 10**12, "4", True, 2.5, None, [4]])
 def test_s6_reshard_bad_shard_count_is_refused_and_changes_nothing(orders: GroupFixture, shards: Any):
     before = snapshot()
-    with pytest.raises(ServiceError, match=r"shards must be a whole number from 1 to 16384"):
+    with pytest.raises(ServiceError, match=rf"shards must be a whole number from 1 to {shard_cap()}"):
         start_reshard("orders", shards)
     assert snapshot() == before
 
@@ -71,30 +71,31 @@ def test_s6_reshard_http_errors_name_the_problem(api: APIClient, orders: GroupFi
     cases = [
         (None, "orders", {"shards": 3}, 401, "AUTHENTICATION_FAILED"),
         (orders.key, "orders", {"shards": 3}, 403, "AUTHORIZATION_FAILED"),  # a group key cannot reshard
-        (other.stream_key, "orders", {"shards": 3}, 403, "AUTHORIZATION_FAILED"),
-        (orders.stream_key, "nope", {"shards": 3}, 404, "STREAM_NOT_FOUND"),
-        (orders.stream_key, "orders", {}, 400, "INVALID_REQUEST"),
-        (orders.stream_key, "orders", [3], 400, "INVALID_REQUEST"),
-        (orders.stream_key, "orders", {"shards": 0}, 400, "INVALID_REQUEST"),
-        (orders.stream_key, "orders", {"shards": MAX_SHARDS + 1}, 400, "INVALID_REQUEST"),
-        (orders.stream_key, "orders", {"shards": "3"}, 400, "INVALID_REQUEST"),
-        (orders.stream_key, "orders", {"shards": 3, "force": True}, 400, "INVALID_REQUEST"),
-        (orders.stream_key, "orders", {"shards": 4}, 400, "INVALID_REQUEST"),
+        (other.admin_key, "orders", {"shards": 3}, 403, "AUTHORIZATION_FAILED"),
+        (orders.stream_key, "orders", {"shards": 3}, 403, "AUTHORIZATION_FAILED"),  # produce cannot reshard
+        (orders.admin_key, "nope", {"shards": 3}, 404, "STREAM_NOT_FOUND"),
+        (orders.admin_key, "orders", {}, 400, "INVALID_REQUEST"),
+        (orders.admin_key, "orders", [3], 400, "INVALID_REQUEST"),
+        (orders.admin_key, "orders", {"shards": 0}, 400, "INVALID_REQUEST"),
+        (orders.admin_key, "orders", {"shards": MAX_SHARDS + 1}, 400, "INVALID_REQUEST"),
+        (orders.admin_key, "orders", {"shards": "3"}, 400, "INVALID_REQUEST"),
+        (orders.admin_key, "orders", {"shards": 3, "force": True}, 400, "INVALID_REQUEST"),
+        (orders.admin_key, "orders", {"shards": 4}, 400, "INVALID_REQUEST"),
     ]
     for key, stream, body, status, code in cases:
         s, r = post(api, stream, body, key)
         assert (s, r["errorCode"]) == (status, code), (body, r)
         assert r["errorMessage"]
-    s, r = post(api, "orders", "{not json", orders.stream_key, raw=True)
+    s, r = post(api, "orders", "{not json", orders.admin_key, raw=True)
     assert (s, r["errorCode"]) == (400, "INVALID_REQUEST")
-    s, r = post(api, "orders", {"shards": 0}, orders.stream_key)
-    assert "shards must be a whole number from 1 to 16384, got 0" in r["errorMessage"]
+    s, r = post(api, "orders", {"shards": 0}, orders.admin_key)
+    assert f"shards must be a whole number from 1 to {shard_cap()}, got 0" in r["errorMessage"]
     assert snapshot() == before
 
-    s, r = post(api, "orders", {"shards": 6}, orders.stream_key)
+    s, r = post(api, "orders", {"shards": 6}, orders.admin_key)
     assert s == 202 and (r["version"], r["shardCount"], r["state"]) == (2, 6, "PREPARING")
     during = snapshot()
-    s, r = post(api, "orders", {"shards": 2}, orders.stream_key)
+    s, r = post(api, "orders", {"shards": 2}, orders.admin_key)
     assert (s, r["errorCode"]) == (409, "RESHARD_IN_PROGRESS") and "wait until it is STABLE" in r["errorMessage"]
     assert snapshot() == during
 
@@ -142,5 +143,5 @@ def test_reshard_command_exits_non_zero_on_bad_input(orders: GroupFixture):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode != 0
-    assert "shards must be a whole number from 1 to 16384, got 0" in proc.stderr
+    assert f"shards must be a whole number from 1 to {shard_cap()}, got 0" in proc.stderr
     assert ShardVersion.objects.count() == 1

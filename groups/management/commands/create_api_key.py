@@ -4,23 +4,32 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from groups.models import KeyRole
 from groups.services import ServiceError, create_api_key
 
 
 class Command(BaseCommand):
-    help = "Create an API key for a group (members) or a stream (producers). The key is printed last."
+    help = (
+        "Create an API key for a group (members), or for a stream: scope 'produce' (routing, the "
+        "default) or 'admin' (routing and reshard). The key is printed last."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        scope = parser.add_mutually_exclusive_group(required=True)
-        scope.add_argument("--group")
-        scope.add_argument("--stream")
+        target = parser.add_mutually_exclusive_group(required=True)
+        target.add_argument("--group")
+        target.add_argument("--stream")
+        parser.add_argument("--scope", choices=[KeyRole.PRODUCE, KeyRole.ADMIN],
+                            help="for --stream: produce (default) or admin")
         parser.add_argument("--name", default="", help="a label for operators")
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        if opts["group"] and opts["scope"]:
+            raise CommandError("--scope applies to stream keys only (a group key has scope 'group')")
         try:
-            key = create_api_key(group=opts["group"], stream=opts["stream"], name=opts["name"])
+            key = create_api_key(group=opts["group"], stream=opts["stream"], name=opts["name"],
+                                 scope=opts["scope"])
         except ServiceError as exc:
             raise CommandError(str(exc)) from exc
-        scope = f"group {opts['group']}" if opts["group"] else f"stream {opts['stream']}"
-        self.stdout.write(f"API key for {scope} (shown once; store it now):")
+        what = f"group {opts['group']}" if opts["group"] else f"stream {opts['stream']} ({opts['scope'] or 'produce'})"
+        self.stdout.write(f"API key for {what} (shown once; store it now):")
         self.stdout.write(key)

@@ -1,0 +1,79 @@
+"""Per-process limits: token buckets for joins, and a throttle for repetitive warning lines.
+
+Both are per web worker (no shared state, no extra round trip); with W workers the
+effective join limit is up to W times the configured one. Both are bounded in size.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Hashable
+
+from django.conf import settings
+
+
+class TokenBuckets:
+    """One token bucket per key: `rate` tokens a second, at most `burst` saved up."""
+
+    def __init__(self, max_keys: int = 10_000) -> None:
+        self._buckets: dict[Hashable, tuple[float, float]] = {}  # key -> (tokens, at)
+        self._max_keys = max_keys
+
+    def take(self, key: Hashable, rate: float, burst: int, now: float | None = None) -> float:
+        """Take one token: 0.0 if there was one, else the seconds until there will be."""
+        if rate <= 0:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        tokens, at = self._buckets.get(key, (float(max(burst, 1)), now))
+        tokens = min(float(max(burst, 1)), tokens + (now - at) * rate)
+        if key not in self._buckets and len(self._buckets) >= self._max_keys:
+            self._buckets.pop(next(iter(self._buckets)))  # the oldest key: bounded memory
+        if tokens >= 1.0:
+            self._buckets[key] = (tokens - 1.0, now)
+            return 0.0
+        self._buckets[key] = (tokens, now)
+        return (1.0 - tokens) / rate
+
+
+class LogThrottle:
+    """At most one line per key per `every` seconds; counts what it held back."""
+
+    def __init__(self, every: float = 10.0, max_keys: int = 1_000) -> None:
+        self.every = every
+        self._last: dict[Hashable, float] = {}
+        self._held: dict[Hashable, int] = {}
+        self._max_keys = max_keys
+
+    def allow(self, key: Hashable, now: float | None = None) -> int | None:
+        """None: suppress this line. Otherwise the number of lines suppressed since the last one."""
+        now = time.monotonic() if now is None else now
+        last = self._last.get(key)
+        if last is not None and now - last < self.every:
+            self._held[key] = self._held.get(key, 0) + 1
+            return None
+        if last is None and len(self._last) >= self._max_keys:
+            self._last.clear()
+            self._held.clear()
+        self._last[key] = now
+        return self._held.pop(key, 0)
+
+    def clear(self) -> None:
+        self._last.clear()
+        self._held.clear()
+
+
+_joins = TokenBuckets()
+
+
+def join_retry_after(key_id: int, client_ip: str, now: float | None = None) -> int:
+    """Seconds a join (memberEpoch 0) must wait under JOIN_RATE_PER_KEY / JOIN_RATE_PER_IP; 0: go."""
+    wait = _joins.take(("key", key_id), float(getattr(settings, "JOIN_RATE_PER_KEY", 50)),
+                       int(getattr(settings, "JOIN_BURST_PER_KEY", 1000)), now)
+    if not wait and client_ip:
+        wait = _joins.take(("ip", client_ip), float(getattr(settings, "JOIN_RATE_PER_IP", 0)),
+                           int(getattr(settings, "JOIN_BURST_PER_IP", 100)), now)
+    return max(1, math.ceil(wait)) if wait else 0
+
+
+def reset_join_limits() -> None:
+    _joins._buckets.clear()

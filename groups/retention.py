@@ -1,0 +1,101 @@
+"""Retention (issue 8.5): old member tombstones and old events are deleted, in batches.
+
+Tombstones (LEFT, EXPIRED, FENCED member rows) exist so a removed process's next heartbeat
+is told why (R8, L1). Without the row the core answers a heartbeat with memberEpoch > 0 from
+that memberId UNKNOWN_MEMBER_ID ("never joined"), which is what LEFT and EXPIRED already get,
+and the member does the same either way (C4: stop, clear, rejoin with the same memberId). A
+FENCED row's FENCED_MEMBER_EPOCH turns into UNKNOWN_MEMBER_ID once it is gone, so a tombstone
+is only deleted once its member has been silent longer than both the retention age and the
+group's session timeout: had it still been a member, L1 would have expired it by then and the
+protocol's answer would be UNKNOWN_MEMBER_ID too. A rejoin (memberEpoch 0) needs no row.
+
+Each batch runs under the group's row lock, the lock every locked heartbeat holds from load
+to save, so a heartbeat that loaded a tombstone (to rejoin it) never saves over a row deleted
+underneath it; the DELETE re-checks status and age (compare-and-set) and skips any row a
+shard still points at. Events are history only: deleted by age, in batches, without locks.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
+
+from assignments.models import ShardAssignment
+from assignments.store import lock_group
+from coordination.model import MemberStatus
+from groups.models import Event, Group
+from members.models import Member
+
+TOMBSTONES = [MemberStatus.LEFT.value, MemberStatus.EXPIRED.value, MemberStatus.FENCED.value]
+BATCH = 500
+
+
+def apply_retention(
+    now: datetime | None = None,
+    *,
+    tombstone_age: timedelta | None = None,
+    event_age: timedelta | None = None,
+    batch: int = BATCH,
+) -> dict[str, int]:
+    """One pass. Ages default to the settings; a zero age (here or there) keeps everything."""
+    now = now or timezone.now()
+    if tombstone_age is None:
+        seconds = int(getattr(settings, "MEMBER_TOMBSTONE_RETENTION_SECONDS", 86_400))
+        tombstone_age = timedelta(seconds=seconds) if seconds > 0 else None
+    if event_age is None:
+        days = int(getattr(settings, "EVENT_RETENTION_DAYS", 30))
+        event_age = timedelta(days=days) if days > 0 else None
+    return {
+        "tombstones": delete_old_tombstones(now, tombstone_age, batch) if tombstone_age else 0,
+        "events": delete_old_events(now - event_age, batch) if event_age else 0,
+    }
+
+
+def _old_tombstones(cutoff: datetime) -> Q:
+    return Q(status__in=TOMBSTONES) & (Q(last_heartbeat_at__lt=cutoff) | Q(last_heartbeat_at__isnull=True))
+
+
+def delete_old_tombstones(now: datetime, age: timedelta, batch: int = BATCH) -> int:
+    # A cheap hint first, so a pass locks only groups that have something to delete.
+    group_ids = set(Member.objects.filter(_old_tombstones(now - age)).values_list("group_id", flat=True))
+    deleted = 0
+    for name, timeout_ms in Group.objects.filter(id__in=group_ids).values_list("name", "session_timeout_ms"):
+        cutoff = now - max(age, timedelta(milliseconds=timeout_ms))
+        while True:
+            n = _delete_batch(name, cutoff, batch)
+            deleted += n
+            if n < batch:
+                break
+    return deleted
+
+
+def _delete_batch(group_name: str, cutoff: datetime, batch: int) -> int:
+    referenced = ShardAssignment.objects.filter(Q(owner=OuterRef("pk")) | Q(target=OuterRef("pk")))
+    with transaction.atomic():
+        group = lock_group(group_name)  # released at the end of this batch: heartbeats wait one batch
+        if group is None:
+            return 0
+        ids = list(
+            Member.objects.filter(group=group)
+            .filter(_old_tombstones(cutoff))
+            .exclude(Exists(referenced))
+            .order_by("id")
+            .values_list("id", flat=True)[:batch]
+        )
+        if ids:
+            Member.objects.filter(id__in=ids).filter(_old_tombstones(cutoff)).delete()
+        return len(ids)
+
+
+def delete_old_events(cutoff: datetime, batch: int = BATCH) -> int:
+    deleted = 0
+    while True:
+        ids = list(Event.objects.filter(created_at__lt=cutoff).order_by("id").values_list("id", flat=True)[:batch])
+        if ids:
+            Event.objects.filter(id__in=ids).delete()
+        deleted += len(ids)
+        if len(ids) < batch:
+            return deleted
