@@ -145,12 +145,12 @@ class Consumer:
                 m.force_leave()
             self._apply(m.check_session(now))
             for shard in m.revoking_in_progress:
-                if rt.in_flight(shard) == 0:
+                if rt.outstanding(shard) == 0:
                     m.revocation_finished(shard)
                     rt.forget(shard)
-            for shard in rt.take_drained():
+            for shard in rt.drained_shards():
                 m.shard_drained(shard)
-            lost = rt.take_lost()
+            lost = rt.pop_lost()
             if lost:
                 self._apply(m.fence_locally(now, f"fence token taken on {sorted(lost)}"))
             req = m.poll(now)
