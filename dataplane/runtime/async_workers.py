@@ -19,8 +19,8 @@ from typing import Any
 from ..message import Message
 from .acker import Acker, Fenced, Finished
 from .retry import Outcome, Retry, Tally
-from .shard_table import HANDLING, ShardState
-from .workers import Batch
+from .shard_table import ShardState
+from .workers import ACTIVE, RECOVERING, Batch
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ class AsyncWorkers:
 
     async def _main(self) -> None:
         await asyncio.gather(*(self._lane(q) for q in self.queues))
+        await self.loop.shutdown_default_executor()  # the helper threads of to_thread
 
     async def _lane(self, q: asyncio.Queue[Batch | None]) -> None:
         while (batch := await q.get()) is not None:
@@ -95,16 +96,18 @@ class AsyncWorkers:
             return
         st, msgs = batch.shard, batch.messages
         tally = Tally()
-        handler = self.handler
+        done, handler, max_deliveries = tally.ids, self.handler, self.retry.cfg.max_deliveries
         for i, msg in enumerate(msgs):
-            if st.status not in HANDLING:
+            status = st.status  # the per-message path, as in ThreadWorkers._run
+            if status is not ACTIVE and status is not RECOVERING:
                 outcome = Outcome.STOP
-            elif self.retry.exhausted(msg):
+            elif msg.delivery_count > max_deliveries:
                 outcome = await asyncio.to_thread(self.retry.dead_letter_unrun, st, msg)
             else:
                 try:
                     await handler(msg)
-                    outcome = Outcome.ACK
+                    done.append(msg.id)
+                    continue
                 except Exception as exc:
                     outcome = await self._retry(st, msg, exc, ack=True)
             if not tally.add(msg, outcome, len(msgs) - i):

@@ -1,13 +1,14 @@
 """The reader: one thread per runtime that alone takes new entries into our PEL.
 
 Each turn it applies queued control ops (start/stop shards), runs a page of recovery, now and
-then checks drains and sweeps orphans, then reads. Reads are fenced in Redis: one script call
-checks every shard's fence token and runs a NON-blocking XREADGROUP over the shards still ours
-(a shard whose token moved is refused and marked lost; nothing enters our PEL). Only when
-that read came back empty does the reader wait, with a plain ``XREAD BLOCK`` from each
-stream's last entry: it returns when something new arrives and delivers nothing to any PEL,
-so a member that stalls inside the wait cannot take entries of a shard it lost meanwhile.
-Control changes interrupt the wait with ``CLIENT UNBLOCK``.
+then checks drains and sweeps orphans, then reads. Reads are fenced in Redis: a NON-blocking
+XREADGROUP runs only over shards whose fence token is still ours, checked atomically with the
+read (fenced_read.py; on Redis Cluster the script ``scripts.FENCED_READ`` per shard). A shard
+whose token moved is refused and marked lost; nothing enters our PEL. Only when that read came
+back empty does the reader wait, with a plain ``XREAD BLOCK`` after each stream's last entry:
+it returns when something new arrives and delivers nothing to any PEL, so a member that stalls
+inside the wait cannot take entries of a shard it lost meanwhile. Control changes interrupt
+the wait with ``CLIENT UNBLOCK``.
 """
 
 from __future__ import annotations
@@ -25,20 +26,12 @@ from .. import scripts
 from ..backoff import Backoff
 from ..connections import NET_ERRORS
 from .config import RuntimeConfig
+from .fenced_read import fenced_read, pairs
 from .recovery import Recovery
 from .shard_table import ShardState, ShardStatus, ShardTable, StartShard
 from .workers import Dispatcher
 
 log = logging.getLogger(__name__)
-
-
-def _fields(entries: list[Any]) -> list[tuple[str, dict[str, str]]]:
-    """Entries as a script returns them (flat field lists) -> (id, {field: value})."""
-    out = []
-    for msg_id, flat in entries:
-        it = iter(flat)
-        out.append((msg_id, dict(zip(it, it, strict=True))))
-    return out
 
 
 class Reader:
@@ -138,15 +131,13 @@ class Reader:
     def _fenced_read(self, active: list[ShardState]) -> dict[str, str]:
         """Read new entries of the shards still ours; returns {stream: id to wait after} when
         nothing was read (empty: something was read, or nothing is readable)."""
-        keys: list[str] = []
-        args: list[Any] = [self.group, self.consumer, self.cfg.batch_size]
-        for st in active:
-            keys += (st.stream, st.keys.fence(self.group))
-            args.append(st.token)
         self.table.begin_read(active)
         try:
-            refused, reply, tails = scripts.fenced_read(self.read_client, keys, args)
+            res = fenced_read(
+                self.read_client.connection, self.group, self.consumer, self.cfg.batch_size, active
+            )
         except NET_ERRORS:
+            self.read_client.connection.disconnect()
             self.table.reread_own_pending(active)
             raise
         except ResponseError as exc:
@@ -157,25 +148,20 @@ class Reader:
                 self.table.enqueue(StartShard(st.grant))
             return {}
         try:
-            readable = self._refuse(active, refused)
-            if reply:
-                for stream, entries in reply:
-                    st = self.table.by_stream(stream)
-                    if st is not None and entries:
-                        self.dispatcher.dispatch(st, _fields(entries))
-                return {}
+            self._refuse(res.refused)
+            for stream, entries in res.entries.items():
+                st = self.table.by_stream(stream)
+                if st is not None:
+                    self.dispatcher.dispatch(st, entries)
         finally:
             self.table.end_read()
-        return {st.stream: tail for st, tail in zip(readable, tails or (), strict=False)}
+        return res.waits
 
-    def _refuse(self, shards: list[ShardState], refused: list[int]) -> list[ShardState]:
-        """Mark the shards a fenced read refused (1-based positions) lost; the rest."""
-        for i in refused:
-            st = shards[i - 1]
+    def _refuse(self, refused: list[ShardState]) -> None:
+        """Mark the shards a fenced read refused lost: their fence token moved on."""
+        for st in refused:
             log.warning("read refused on %s: fence token moved past %s", st.shard, st.token)
             self.table.mark_lost(st)
-        gone = set(refused)
-        return [st for i, st in enumerate(shards, 1) if i not in gone]
 
     def _read_cluster(self, active: list[ShardState], recovering: bool) -> None:
         """Redis Cluster refuses multi-slot scripts and reads, and every shard has its own
@@ -198,10 +184,11 @@ class Reader:
                     by_problem["NOGROUP" if "NOGROUP" in str(res) else "error"].append(st)
                     continue
                 refused, reply, _tails = res
-                if self._refuse([st], refused) and reply:
-                    for _stream, entries in reply:
-                        got += len(entries)
-                        self.dispatcher.dispatch(st, _fields(entries))
+                if refused:
+                    self._refuse([st])
+                for _stream, entries in reply or ():
+                    got += len(entries)
+                    self.dispatcher.dispatch(st, pairs(entries))
             for st in by_problem["NOGROUP"]:
                 self.table.enqueue(StartShard(st.grant))
             if by_problem["error"]:

@@ -56,11 +56,9 @@ class Retry:
     def backoff(self) -> Backoff:
         return Backoff(self.cfg.retry_backoff_ms / 1000, self.cfg.retry_backoff_max_ms / 1000)
 
-    def exhausted(self, msg: Message) -> bool:
-        """Came back more often than allowed before running (e.g. it crashed the process)."""
-        return msg.delivery_count > self.cfg.max_deliveries
-
     def dead_letter_unrun(self, st: ShardState, msg: Message) -> Outcome:
+        """A message that came back more often than allowed before running (e.g. it crashed
+        the process) goes to the DLQ without running again."""
         self.dead_letter(st, msg, "max deliveries exceeded before handling", ack=True)
         return Outcome.DLQ
 

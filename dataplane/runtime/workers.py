@@ -19,7 +19,9 @@ from typing import Any, Protocol
 from ..message import Message
 from .acker import Acker, Fenced, Finished
 from .retry import Outcome, Retry, Tally
-from .shard_table import HANDLING, ShardState, ShardTable
+from .shard_table import ShardState, ShardStatus, ShardTable
+
+ACTIVE, RECOVERING = ShardStatus.ACTIVE, ShardStatus.RECOVERING
 
 log = logging.getLogger(__name__)
 
@@ -136,16 +138,20 @@ class ThreadWorkers:
             return
         st, msgs = batch.shard, batch.messages
         tally = Tally()
-        handler = self.handler
+        done, handler, max_deliveries = tally.ids, self.handler, self.retry.cfg.max_deliveries
         for i, msg in enumerate(msgs):
-            if st.status not in HANDLING:
+            # The per-message path: identity checks and a bare append (this loop runs for
+            # every message; the enum's hash is a Python call).
+            status = st.status
+            if status is not ACTIVE and status is not RECOVERING:
                 outcome = Outcome.STOP
-            elif self.retry.exhausted(msg):
+            elif msg.delivery_count > max_deliveries:
                 outcome = self.retry.dead_letter_unrun(st, msg)
             else:
                 try:
                     handler(msg)
-                    outcome = Outcome.ACK
+                    done.append(msg.id)
+                    continue
                 except Exception as exc:
                     outcome = self._retry(st, msg, exc, ack=True)
             if not tally.add(msg, outcome, len(msgs) - i):

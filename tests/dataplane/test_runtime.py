@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
+import time
+
 import pytest
-import redis
 from redis.crc import key_slot
 
 from dataplane import scripts
@@ -15,11 +16,7 @@ from dataplane.routing import ShardKeys
 from dataplane.runtime import ack_mode_from_capabilities, detect_ack_mode
 from dataplane.runtime.shard_table import ShardStatus, ShardTable, StopShard
 
-from .conftest import make_grant, wait_until
-
-
-def pending(r: redis.Redis, stream: str, group: str = "g") -> int:
-    return r.xpending(stream, group)["pending"]
+from .conftest import group_info, make_grant, pending, wait_until
 
 
 def test_per_key_order_with_parallel_workers(r, prefix, start_runtime) -> None:
@@ -205,7 +202,9 @@ def test_this_server_gets_xack_and_acks_for_real(r, prefix, start_runtime) -> No
     rt.grant(make_grant(prefix, "s:1:0"))
     for i in range(5):
         r.xadd(keys.stream, {"key": str(i)})
-    wait_until(lambda: r.xinfo_groups(keys.stream)[0]["entries-read"] == 5)
+    # The group appears only once the runtime has applied the grant: the predicate must not
+    # index a list that is still empty.
+    wait_until(lambda: (group_info(r, keys.stream) or {}).get("entries-read") == 5)
     wait_until(lambda: pending(r, keys.stream) == 0)
     assert r.xlen(keys.stream) == 5  # XACK never deletes entries
 
@@ -347,3 +346,41 @@ def test_late_refusal_for_a_replaced_grant_is_not_a_new_loss(prefix) -> None:
     table.mark_lost(table.get("s:1:0"))
     assert table.pop_lost() == {"s:1:0"}
     assert table.pop_lost() == set()  # an event: reported once
+
+
+def test_fenced_read_refused_for_a_member_frozen_between_lease_check_and_read(
+    r, prefix, start_runtime
+) -> None:
+    shard = "s:1:0"
+    keys = ShardKeys(shard, prefix)
+    got: list[Message] = []
+    rt = start_runtime(got.append)
+    rt.read_deadline = time.monotonic() + 3600  # by its own clock the member's lease holds
+    rt.grant(make_grant(prefix, shard, epoch=3, member="m-1"))
+    wait_until(lambda: rt.status(shard) == "ACTIVE", what="shard active")
+    # Frozen after its lease check: meanwhile the coordinator moved the shard on and the next
+    # owner raised the fence token. Then an entry arrives and the frozen member's read runs.
+    assert scripts.fence_raise(r, [keys.fence("g")], [4, "m-2"])[0] == 1
+    r.xadd(keys.stream, {"key": "a"})
+    wait_until(lambda: rt.status(shard) == "LOST", what="read refused")
+    assert rt.pop_lost() == {shard}
+    assert got == []
+    assert pending(r, keys.stream) == 0  # nothing entered any PEL: the next owner reads it
+    assert (group_info(r, keys.stream) or {}).get("entries-read") in (0, None)
+
+
+def test_fenced_read_script_reads_only_shards_whose_token_is_ours(r, prefix) -> None:
+    a, b = ShardKeys("s:1:0", prefix), ShardKeys("s:1:1", prefix)
+    for k in (a, b):
+        r.xgroup_create(k.stream, "g", id="0", mkstream=True)
+        r.xadd(k.stream, {"key": "x"})
+    r.set(a.fence("g"), "2:m-1")
+    r.set(b.fence("g"), "3:m-2")  # b moved on to m-2
+    keys = [a.stream, a.fence("g"), b.stream, b.fence("g")]
+    refused, reply, tails = scripts.fenced_read(r, keys, ["g", "m-1", 10, "2:m-1", "2:m-1"])
+    assert refused == [2]
+    assert [stream for stream, _entries in reply] == [a.stream] and tails is None
+    assert pending(r, a.stream) == 1 and pending(r, b.stream) == 0
+    # Nothing new on a: no reply, and the id to wait after with XREAD BLOCK.
+    refused, reply, tails = scripts.fenced_read(r, keys[:2], ["g", "m-1", 10, "2:m-1"])
+    assert refused == [] and reply is None and tails == [r.xrevrange(a.stream, count=1)[0][0]]
