@@ -59,7 +59,7 @@ class Consumer:
         rebalance_timeout_ms: int | None = None,
         shutdown_timeout_s: float = 30.0,
         retry_backoff_ms: int = 100,
-        max_concurrency: int = 64,
+        max_concurrency: int = 16,
         transport: Transport | None = None,
     ) -> None:
         self.member_id = member_id or default_member_id()

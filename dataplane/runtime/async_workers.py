@@ -14,6 +14,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable
+from queue import Empty, SimpleQueue
 from typing import Any
 
 from ..message import Message
@@ -47,27 +48,48 @@ class AsyncWorkers:
         self.loop = asyncio.new_event_loop()
         self.queues: list[asyncio.Queue[Batch | None]] = [asyncio.Queue() for _ in range(lanes)]
         self._stop_now = asyncio.Event()
+        self.inbox: SimpleQueue[tuple[ShardState, list[list[Message]]] | None] = SimpleQueue()
         self.thread = threading.Thread(target=self._run_loop, name="dp-async", daemon=True)
+        self.feeder = threading.Thread(target=self._feed, name="dp-async-feed", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
+        self.feeder.start()
 
     def stop(self, timeout: float) -> None:
         """Let every lane finish what it holds (retries stop waiting), then end the loop."""
-        if self.thread.is_alive():
-            self.loop.call_soon_threadsafe(self._close)
-            self.thread.join(timeout)
+        self.inbox.put(None)
+        self.thread.join(timeout)
         if not self.thread.is_alive():
             self.loop.close()
 
     def submit(self, st: ShardState, per_lane: list[list[Message]]) -> None:
-        # One hop into the loop per read, whatever the number of lanes it feeds.
-        self.loop.call_soon_threadsafe(self._accept, st, per_lane)
+        # A plain queue put: waking the loop costs a socket write, which releases the GIL
+        # and would stall the reader behind busy threads. The feeder thread pays that.
+        self.inbox.put((st, per_lane))
 
-    def _accept(self, st: ShardState, per_lane: list[list[Message]]) -> None:
-        for q, msgs in zip(self.queues, per_lane, strict=True):
-            if msgs:
-                q.put_nowait(Batch(st, msgs))
+    def _feed(self) -> None:
+        """Move what the reader submitted into the loop, one hop for all that piled up."""
+        while True:
+            items = [self.inbox.get()]
+            while True:
+                try:
+                    items.append(self.inbox.get_nowait())
+                except Empty:
+                    break
+            self.loop.call_soon_threadsafe(self._accept, items)
+            if None in items:
+                return
+
+    def _accept(self, items: list[tuple[ShardState, list[list[Message]]] | None]) -> None:
+        for item in items:
+            if item is None:
+                self._close()
+                return
+            st, per_lane = item
+            for q, msgs in zip(self.queues, per_lane, strict=True):
+                if msgs:
+                    q.put_nowait(Batch(st, msgs))
 
     def _close(self) -> None:
         self._stop_now.set()

@@ -16,7 +16,7 @@ class RuntimeConfig:
     retry_backoff_ms: int = 100
     retry_backoff_max_ms: int = 5000
     max_in_flight: int = 0  # 0: lanes * batch_size * 4
-    max_concurrency: int = 64  # coroutines in flight for an async handler
+    max_concurrency: int = 16  # coroutines in flight (and lanes) for an async handler
     claim_idle_ms: int = 60_000  # orphan sweep: claim others' entries idle this long
     sweep_interval_ms: int = 30_000
     drain_check_ms: int = 1000
