@@ -20,7 +20,6 @@ def redis_client(
     cluster: bool = False,
     socket_timeout: float = 5.0,
     retries: int = 3,
-    single_connection: bool = False,
 ) -> Any:
     """A decoding client with a bounded, short retry of idempotent commands (``retries=0``
     for reading connections: after a failed read the runtime re-reads its own PEL)."""
@@ -34,6 +33,4 @@ def redis_client(
         from redis.cluster import RedisCluster
 
         return RedisCluster.from_url(url, **kwargs)
-    if single_connection:
-        kwargs["single_connection_client"] = True
     return redis.Redis.from_url(url, **kwargs)

@@ -68,7 +68,6 @@ class Runtime:
             cluster=cluster,
             socket_timeout=cfg.block_ms / 1000 + max(socket_timeout, 2.0),
             retries=0,
-            single_connection=True,
         )
         self._stopping = threading.Event()
         self.table = ShardTable(self.max_in_flight)
@@ -136,6 +135,8 @@ class Runtime:
             self.reader.thread.join(max(0.0, deadline - time.monotonic()))
             self.workers.stop(max(0.0, deadline - time.monotonic()))
             self.acker.stop(max(0.0, deadline - time.monotonic()))
+            if not self.reader.thread.is_alive():
+                self.reader.close()
         for c in (self.read_client, self.client):
             with contextlib.suppress(Exception):
                 c.close()

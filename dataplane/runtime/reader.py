@@ -60,7 +60,8 @@ class Reader:
         self.stopping = stopping
         self.cluster = cluster
         self.wake = threading.Event()
-        self.conn_id: int | None = None
+        self.conn: Any = None  # the reader's own connection (standalone): reads and waits
+        self.conn_id: int | None = None  # its CLIENT ID, for CLIENT UNBLOCK
         # The session lease (time.monotonic() seconds), kept by the Consumer: see
         # Runtime.read_deadline. inf: no lease (direct use).
         self.read_deadline = float("inf")
@@ -94,7 +95,7 @@ class Reader:
                 backoff.reset()
             except NET_ERRORS as exc:
                 log.warning("redis error in reader (retrying): %r", exc)
-                self.conn_id = None
+                self._drop_connection()
                 backoff.wait(self.stopping)
             except Exception:
                 log.exception("unexpected error in reader")
@@ -120,24 +121,45 @@ class Reader:
         if self.cluster:
             self._read_cluster(active, recovering)
             return
-        if self.conn_id is None:
-            self.conn_id = self.read_client.client_id()
+        conn = self._connection()
         urgent = recovering or self.table.has_control() or self.wake.is_set()
         self.wake.clear()
-        waits = self._fenced_read(active)
+        waits = self._fenced_read(conn, active)
         if waits and not urgent:
-            self.read_client.xread(waits, count=1, block=self.cfg.block_ms)
+            # Delivers to no PEL: it only tells us when to read again.
+            block = ("BLOCK", self.cfg.block_ms, "STREAMS", *waits, *waits.values())
+            conn.send_command("XREAD", "COUNT", 1, *block)
+            conn.read_response()
 
-    def _fenced_read(self, active: list[ShardState]) -> dict[str, str]:
+    def _connection(self) -> Any:
+        if self.conn is None:
+            conn = self.read_client.connection_pool.get_connection()
+            try:
+                conn.send_command("CLIENT", "ID")
+                self.conn_id = int(conn.read_response())
+            except BaseException:
+                self.read_client.connection_pool.release(conn)
+                raise
+            self.conn = conn
+        return self.conn
+
+    def _drop_connection(self) -> None:
+        conn, self.conn, self.conn_id = self.conn, None, None
+        if conn is not None:
+            conn.disconnect()
+            self.read_client.connection_pool.release(conn)
+
+    def close(self) -> None:
+        """After the thread ended: give the connection back."""
+        self._drop_connection()
+
+    def _fenced_read(self, conn: Any, active: list[ShardState]) -> dict[str, str]:
         """Read new entries of the shards still ours; returns {stream: id to wait after} when
         nothing was read (empty: something was read, or nothing is readable)."""
         self.table.begin_read(active)
         try:
-            res = fenced_read(
-                self.read_client.connection, self.group, self.consumer, self.cfg.batch_size, active
-            )
+            res = fenced_read(conn, self.group, self.consumer, self.cfg.batch_size, active)
         except NET_ERRORS:
-            self.read_client.connection.disconnect()
             self.table.reread_own_pending(active)
             raise
         except ResponseError as exc:

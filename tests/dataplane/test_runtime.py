@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 
-import time
-
 import pytest
+import redis
 from redis.crc import key_slot
 
 from dataplane import scripts
@@ -384,3 +384,42 @@ def test_fenced_read_script_reads_only_shards_whose_token_is_ours(r, prefix) -> 
     # Nothing new on a: no reply, and the id to wait after with XREAD BLOCK.
     refused, reply, tails = scripts.fenced_read(r, keys[:2], ["g", "m-1", 10, "2:m-1"])
     assert refused == [] and reply is None and tails == [r.xrevrange(a.stream, count=1)[0][0]]
+
+
+def test_fenced_read_aborts_when_the_token_moves_between_the_check_and_the_read(r, prefix):
+    """The member is frozen after its fence check (WATCH + MGET) and before the read (MULTI
+    XREADGROUP EXEC): the next owner raises the token in that gap, and Redis runs nothing."""
+    from dataplane.runtime.fenced_read import fenced_read
+    from dataplane.runtime.shard_table import ShardTable
+
+    keys = ShardKeys("s:1:0", prefix)
+    r.xgroup_create(keys.stream, "g", id="0", mkstream=True)
+    r.xadd(keys.stream, {"key": "a"})
+    r.set(keys.fence("g"), "3:m-1")
+    st = ShardTable(10).install(make_grant(prefix, "s:1:0", epoch=3, member="m-1"))
+    pool = redis.ConnectionPool(**r.connection_pool.connection_kwargs)
+    client = redis.Redis(connection_pool=pool)
+    conn = client.connection_pool.get_connection()
+    real_send = conn.send_packed_command
+    sent: list[int] = []
+
+    def frozen_before_the_read(packed, *args, **kwargs):
+        sent.append(1)
+        if len(sent) == 2:  # the check went out; the read is next: the token moves now
+            assert scripts.fence_raise(r, [keys.fence("g")], [4, "m-2"])[0] == 1
+        return real_send(packed, *args, **kwargs)
+
+    conn.send_packed_command = frozen_before_the_read
+    try:
+        res = fenced_read(conn, "g", "m-1", 10, [st])
+    finally:
+        client.connection_pool.release(conn)
+        client.close()
+    assert res.aborted and res.entries == {}
+    assert pending(r, keys.stream) == 0  # nothing entered m-1's PEL
+    # Its next read sees the new token at the check and refuses the shard.
+    conn = r.connection_pool.get_connection()
+    try:
+        assert fenced_read(conn, "g", "m-1", 10, [st]).refused == [st]
+    finally:
+        r.connection_pool.release(conn)
