@@ -120,7 +120,7 @@ class Consumer:
     def _install_signals(self) -> list[tuple[int, Any]]:
         if threading.current_thread() is not threading.main_thread():
             return []
-        restore = []
+        restore: list[tuple[int, Any]] = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             restore.append((sig, signal.getsignal(sig)))
             signal.signal(sig, lambda *_: self.stop())

@@ -78,7 +78,7 @@ class Runtime:
         ack_before = cfg.ack == "before"
         parts = (lanes, retry, self.acker, self.fenced, self._stopping)
         self.workers: Workers = (
-            AsyncWorkers(handler, *parts, ack_before=ack_before)  # type: ignore[arg-type]
+            AsyncWorkers(handler, *parts, ack_before=ack_before)
             if self.is_async
             else ThreadWorkers(handler, *parts, ack_before=ack_before)
         )

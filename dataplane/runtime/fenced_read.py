@@ -64,7 +64,7 @@ def fenced_read(
 ) -> ReadResult:
     """One fenced read of new entries of ``shards`` on connection ``conn`` (not shared)."""
     fences = [st.keys.fence(group) for st in shards]
-    first = [("WATCH", *fences), ("MGET", *fences)]
+    first: list[tuple[Any, ...]] = [("WATCH", *fences), ("MGET", *fences)]
     first += [("XREVRANGE", st.stream, "+", "-", "COUNT", 1) for st in shards]
     watched, tokens, *tails = _roundtrip(conn, first)
     for reply in (watched, tokens, *tails):
@@ -72,7 +72,7 @@ def fenced_read(
             _roundtrip(conn, [("UNWATCH",)])
             raise reply
     result = ReadResult()
-    readable = []
+    readable: list[ShardState] = []
     for st, token in zip(shards, tokens, strict=True):
         (readable if token == st.token else result.refused).append(st)
     if not readable:

@@ -172,9 +172,9 @@ class Reader:
         try:
             self._refuse(res.refused)
             for stream, entries in res.entries.items():
-                st = self.table.by_stream(stream)
-                if st is not None:
-                    self.dispatcher.dispatch(st, entries)
+                owner = self.table.by_stream(stream)
+                if owner is not None:
+                    self.dispatcher.dispatch(owner, entries)
         finally:
             self.table.end_read()
         return res.waits
