@@ -18,35 +18,23 @@ from queue import Empty, SimpleQueue
 from typing import Any
 
 from ..message import Message
-from .acker import Acker, Fenced, Finished
-from .retry import Outcome, Retry, Tally
+from .acker import Finished
+from .retry import Outcome, Tally
 from .shard_table import ShardState
-from .workers import ACTIVE, RECOVERING, Batch
+from .workers import ACTIVE, RECOVERING, Batch, LaneWorkers
 
 log = logging.getLogger(__name__)
 
 
-class AsyncWorkers:
-    def __init__(
-        self,
-        handler: Callable[[Message], Awaitable[Any]],
-        lanes: int,
-        retry: Retry,
-        acker: Acker,
-        fenced: Fenced,
-        stopping: threading.Event,
-        *,
-        ack_before: bool,
-    ) -> None:
-        self.handler = handler
-        self.lanes = lanes
-        self.retry = retry
-        self.acker = acker
-        self.fenced = fenced
-        self.stopping = stopping
-        self.ack_before = ack_before
+class AsyncWorkers(LaneWorkers):
+    handler: Callable[[Message], Awaitable[Any]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.loop = asyncio.new_event_loop()
-        self.queues: list[asyncio.Queue[Batch | None]] = [asyncio.Queue() for _ in range(lanes)]
+        self.queues: list[asyncio.Queue[Batch | None]] = [
+            asyncio.Queue() for _ in range(self.lanes)
+        ]
         self._stop_now = asyncio.Event()
         self.inbox: SimpleQueue[tuple[ShardState, list[list[Message]]] | None] = SimpleQueue()
         self.thread = threading.Thread(target=self._run_loop, name="dp-async", daemon=True)

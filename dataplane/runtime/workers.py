@@ -81,8 +81,8 @@ class Dispatcher:
             self.acker.put(Finished(st, gone))
 
 
-class ThreadWorkers:
-    """A sync handler on ``lanes`` threads, each owning a queue."""
+class LaneWorkers:
+    """What the thread and the coroutine workers share: the handler and the parts they call."""
 
     def __init__(
         self,
@@ -102,7 +102,14 @@ class ThreadWorkers:
         self.fenced = fenced
         self.stopping = stopping
         self.ack_before = ack_before
-        self.queues: list[SimpleQueue[Batch | None]] = [SimpleQueue() for _ in range(lanes)]
+
+
+class ThreadWorkers(LaneWorkers):
+    """A sync handler on ``lanes`` threads, each owning a queue."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.queues: list[SimpleQueue[Batch | None]] = [SimpleQueue() for _ in range(self.lanes)]
         self.threads = [
             threading.Thread(target=self._loop, args=(q,), name=f"dp-worker-{i}", daemon=True)
             for i, q in enumerate(self.queues)
