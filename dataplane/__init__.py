@@ -30,15 +30,25 @@ _LAZY = {
     "hash_range": "routing",
     "shard_index": "routing",
     "HASH_ALGORITHM": "routing",
+    "DataplaneError": "errors",
+    "ConfigurationError": "errors",
+    "AuthenticationError": "errors",
+    "GroupNotFoundError": "errors",
+    "RedisUnavailableError": "errors",
 }
 
 __all__ = [
     "HASH_ALGORITHM",
+    "AuthenticationError",
+    "ConfigurationError",
     "Consumer",
+    "DataplaneError",
     "Grant",
+    "GroupNotFoundError",
     "Membership",
     "Message",
     "Producer",
+    "RedisUnavailableError",
     "Runtime",
     "RuntimeConfig",
     "Sent",
@@ -51,6 +61,13 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .consumer import Consumer
+    from .errors import (
+        AuthenticationError,
+        ConfigurationError,
+        DataplaneError,
+        GroupNotFoundError,
+        RedisUnavailableError,
+    )
     from .membership import Grant, Membership
     from .message import Message
     from .producer import Producer, Sent, ShardSealedError

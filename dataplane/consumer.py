@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+from .errors import heartbeat_refusal
 from .membership import Actions, Membership
 from .message import Message
 from .runtime import Handler, Runtime, RuntimeConfig
@@ -58,6 +59,7 @@ class Consumer:
         rebalance_timeout_ms: int | None = None,
         shutdown_timeout_s: float = 30.0,
         retry_backoff_ms: int = 100,
+        max_concurrency: int = 16,
         transport: Transport | None = None,
     ) -> None:
         self.member_id = member_id or default_member_id()
@@ -78,6 +80,7 @@ class Consumer:
             key_field=key_field,
             ack=ack,
             retry_backoff_ms=retry_backoff_ms,
+            max_concurrency=max_concurrency,
         )
         self.runtime = Runtime(redis_url, group, self.member_id, handler, cfg, cluster=cluster)
         self.shutdown_timeout_s = shutdown_timeout_s
@@ -96,10 +99,15 @@ class Consumer:
         return self.runtime.idempotency_marker(msg, marker, ttl_ms)
 
     def run(self) -> None:
-        """Join, consume until SIGINT/SIGTERM or stop(), then leave (memberEpoch -1)."""
+        """Join, consume until SIGINT/SIGTERM or stop(), then leave (memberEpoch -1).
+
+        Raises a :class:`~dataplane.errors.ConfigurationError` (after cleaning up) when the
+        member cannot start: Redis unreachable (RedisUnavailableError), the API key refused
+        (AuthenticationError) or no such group (GroupNotFoundError) before the first join.
+        """
         restore = self._install_signals()
-        self.runtime.start()
         try:
+            self.runtime.start()
             self._loop()
         finally:
             self.runtime.stop(timeout=5.0)
@@ -112,7 +120,7 @@ class Consumer:
     def _install_signals(self) -> list[tuple[int, Any]]:
         if threading.current_thread() is not threading.main_thread():
             return []
-        restore = []
+        restore: list[tuple[int, Any]] = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             restore.append((sig, signal.getsignal(sig)))
             signal.signal(sig, lambda *_: self.stop())
@@ -135,6 +143,7 @@ class Consumer:
     def _loop(self) -> None:
         m, rt = self.machine, self.runtime
         leave_deadline: float | None = None
+        joined = False  # after the first accepted join, refusals are retried, not fatal
         while True:
             now = _now_ms()
             if self._stop.is_set() and leave_deadline is None:
@@ -145,14 +154,14 @@ class Consumer:
                 m.force_leave()
             self._apply(m.check_session(now))
             for shard in m.revoking_in_progress:
-                if rt.in_flight(shard) == 0:
+                if rt.outstanding(shard) == 0:
                     m.revocation_finished(shard)
                     rt.forget(shard)
-            for shard in rt.take_drained():
+            for shard in rt.drained_shards():
                 m.shard_drained(shard)
-            lost = rt.take_lost()
+            lost = rt.pop_lost()
             if lost:
-                self._apply(m.fence_locally(now, f"fence token taken on {sorted(lost)}"))
+                self._apply(m.fence_locally(now, lost, f"fence token taken on {sorted(lost)}"))
             req = m.poll(now)
             if req is not None:
                 sent_at = time.monotonic()
@@ -161,7 +170,11 @@ class Consumer:
                 except CoordinatorUnavailable as exc:
                     actions = m.on_failure(_now_ms(), repr(exc))
                 else:
+                    fatal = None if joined else heartbeat_refusal(self.group, status, body)
+                    if fatal is not None:
+                        raise fatal  # before the first join: a wrong key or group, not a blip
                     actions = m.on_response(_now_ms(), status, body)
+                    joined = joined or m.member_epoch > 0
                     if m.member_epoch > 0 and m.last_error is None:
                         # Accepted: the coordinator saw us alive no earlier than sent_at, so
                         # it cannot have expired us before sent_at + session timeout.

@@ -11,63 +11,28 @@ responses, without a coordinator or Redis.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
-from .routing import DEFAULT_KEY_PREFIX, ShardKeys
+from .backoff import Backoff
+from .heartbeat import (
+    FENCING_ERRORS,
+    JOIN_EPOCH,
+    LEAVE_EPOCH,
+    OK,
+    REVOKED,
+    REVOKING,
+    Actions,
+    Grant,
+    grant_from_metadata,
+    heartbeat_request,
+    held_metadata,
+    shard_name,
+)
+
+__all__ = ["Actions", "Grant", "Membership"]
 
 log = logging.getLogger(__name__)
 
-OK = "OK"
-SYNC_METADATA = "SYNC_METADATA"
-REVOKE_PENDING = "REVOKE_PENDING"
-REVOKING = "REVOKING"
-REVOKED = "REVOKED"
-FENCING_ERRORS = frozenset({"UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH"})
-
-JOIN_EPOCH = 0
-LEAVE_EPOCH = -1
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """A shard the runtime may read, with what it needs to start reading it."""
-
-    shard: str
-    grant_epoch: int  # memberEpoch of the OK response that granted it
-    member_id: str
-    redis_key: str
-    seal_key: str
-    start_id: str  # consumer-group start: "0", or "$" for a first version with "latest"
-    key_prefix: str = DEFAULT_KEY_PREFIX
-
-    @property
-    def token(self) -> str:
-        """Fence token value: ``"grantEpoch:memberId"``; only the epoch is compared."""
-        return f"{self.grant_epoch}:{self.member_id}"
-
-    @property
-    def keys(self) -> ShardKeys:
-        return ShardKeys(self.shard, self.key_prefix)
-
-
-@dataclass(slots=True)
-class Actions:
-    """What the runtime must do after a step of the machine."""
-
-    grant: list[Grant] = field(default_factory=list)  # raise fence token, then read
-    revoke: list[str] = field(default_factory=list)  # stop reads, finish and ACK in-flight (C1)
-    abort: list[str] = field(default_factory=list)  # stop reads and ACKs at once (C4)
-    rejoin: bool = False
-    left: bool = False
-
-    def __bool__(self) -> bool:
-        return bool(self.grant or self.revoke or self.abort or self.rejoin or self.left)
-
-
-def _shard_name(entry: Any) -> str:
-    # assignment.revokingShards may list bare ids or {"shard": id, ...} objects.
-    return entry["shard"] if isinstance(entry, dict) else str(entry)
 
 
 class Membership:
@@ -87,8 +52,8 @@ class Membership:
         self.rebalance_timeout_ms = rebalance_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.session_timeout_ms = session_timeout_ms
-        self._backoff_base = retry_backoff_ms
-        self._backoff_max = retry_backoff_max_ms
+        # No jitter: the machine runs on the caller's clock and its tests replay exact times.
+        self._retry = Backoff(retry_backoff_ms, retry_backoff_max_ms, jitter=False)
 
         self.member_epoch = JOIN_EPOCH
         self.metadata: dict[str, Any] | None = None
@@ -106,8 +71,7 @@ class Membership:
         self._last_accepted_ms: int | None = None
         self._next_due_ms: int | None = None  # None = send at the first poll
         self._urgent = True  # joining
-        self._failures = 0
-        self._fences = 0
+        self._fences = 0  # fences since the last accepted heartbeat
 
     # ---- views ---------------------------------------------------------------------------
 
@@ -135,7 +99,7 @@ class Membership:
     # ---- requests ------------------------------------------------------------------------
 
     def _due_now(self) -> bool:
-        if self._failures:
+        if self._retry.failures:
             return False  # backing off: wait for _next_due_ms even if urgent
         if self.member_epoch == JOIN_EPOCH or self._urgent:
             return True
@@ -153,32 +117,13 @@ class Membership:
             due = True
         if not due:
             return None
-        req = self._build_request()
+        epoch = LEAVE_EPOCH if self.leaving and not self.revoking_in_progress else self.member_epoch
+        req = heartbeat_request(self.member_id, epoch, self.metadata_epoch, self.owned,
+                                self.revoking, self.drained, client_id=self.client_id,
+                                rebalance_timeout_ms=self.rebalance_timeout_ms)  # fmt: skip
         self._in_flight = req
         self._last_sent_ms = now_ms
         self._urgent = False
-        return req
-
-    def _build_request(self) -> dict[str, Any]:
-        leave = self.leaving and not self.revoking_in_progress
-        epoch = LEAVE_EPOCH if leave else self.member_epoch
-        req: dict[str, Any] = {"memberId": self.member_id, "memberEpoch": epoch}
-        if self.client_id:
-            req["clientId"] = self.client_id
-        if epoch == JOIN_EPOCH and self.rebalance_timeout_ms is not None:
-            req["rebalanceTimeoutMs"] = self.rebalance_timeout_ms
-        req["metadataEpoch"] = self.metadata_epoch
-        if epoch in (JOIN_EPOCH, LEAVE_EPOCH):
-            # C5: a join never reports ownership; a leave releases everything anyway.
-            req["ownedShards"] = []
-            req["revokingShards"] = []
-            req["drainedShards"] = []
-        else:
-            req["ownedShards"] = sorted(self.owned)
-            req["revokingShards"] = [
-                {"shard": s, "state": st} for s, st in sorted(self.revoking.items())
-            ]
-            req["drainedShards"] = sorted(self.drained)
         return req
 
     # ---- responses -----------------------------------------------------------------------
@@ -205,11 +150,13 @@ class Membership:
         if http_status == 200 and code == "NONE":
             return self._accept(now_ms, req, body)
         if code in FENCING_ERRORS:
-            return self._fence(now_ms, code)
+            return self._fence(now_ms, f"{code}: {body.get('errorMessage')}")
         # INVALID_REQUEST, auth, GROUP_ID_NOT_FOUND, GROUP_MAX_SIZE_REACHED, ...: nothing in the
         # contract tells the member to drop what it holds; retry later. If it stays like this
-        # past the session timeout, check_session() stops everything.
-        log.error("heartbeat refused: HTTP %s %s: %s", http_status, code, body.get("errorMessage"))
+        # past the session timeout, check_session() stops everything. (Before the first join
+        # the Consumer treats auth and unknown group as fatal: errors.heartbeat_refusal.)
+        msg = body.get("errorMessage")
+        log.warning("heartbeat refused: HTTP %s %s: %s (retrying)", http_status, code, msg)
         self._backoff(now_ms)
         return Actions()
 
@@ -220,8 +167,10 @@ class Membership:
             return self._fence(now_ms, "memberId mismatch")
         if not isinstance(epoch, int) or epoch < 1 or (sent_epoch > 0 and epoch < sent_epoch):
             return self._fence(now_ms, f"member epoch mismatch ({sent_epoch} -> {epoch})")
-
-        self._failures = 0
+        if sent_epoch == JOIN_EPOCH:
+            again = "rejoined" if self._fences else "joined"
+            log.info("member %s %s at epoch %s", self.member_id, again, epoch)
+        self._retry.reset()
         self._fences = 0
         self._last_accepted_ms = now_ms
         self.member_epoch = epoch
@@ -230,28 +179,43 @@ class Membership:
         interval = body.get("heartbeatIntervalMs")
         if isinstance(interval, int) and interval > 0:
             self.heartbeat_interval_ms = interval
-        self._take_metadata(body.get("metadata"))
+        held = held_metadata(body.get("metadata"), self.metadata, self.metadata_epoch)
+        self.metadata, self.metadata_epoch = held.metadata, held.epoch
+        self.heartbeat_interval_ms = held.heartbeat_interval_ms or self.heartbeat_interval_ms
+        self.session_timeout_ms = held.session_timeout_ms or self.session_timeout_ms
 
         assignment = body.get("assignment") or {}
         assigned = set(assignment.get("assignedShards") or [])
-        coord_revoking = {_shard_name(e) for e in assignment.get("revokingShards") or []}
+        coord_revoking = {shard_name(e) for e in assignment.get("revokingShards") or []}
         actions = Actions()
+        self._c1_stop_missing(assigned, actions)
+        self._revoked_never_held(coord_revoking)
+        self._r5_forget_processed_revoked(req, coord_revoking)
+        if status == OK and not self.leaving:
+            self._c2_c3_take_new(assigned, epoch, actions)
+        self.drained &= set(self.owned) | set(self.revoking)
+        self._next_due_ms = now_ms + self.heartbeat_interval_ms
+        return actions
 
-        # C1: an owned shard missing from assignedShards stops; REVOKED once in-flight is 0.
+    def _c1_stop_missing(self, assigned: set[str], actions: Actions) -> None:
+        """C1: an owned shard missing from assignedShards stops; REVOKED once in-flight is 0."""
         for shard in sorted(self.owned):
             if shard not in assigned:
                 del self.owned[shard]
                 self.revoking[shard] = REVOKING
                 actions.revoke.append(shard)
+                log.info("shard %s revoked: no new reads, finishing what is in flight", shard)
 
-        # A shard the coordinator is revoking from us that we never held (its grant was in a
-        # lost answer): nothing to drain, so it is REVOKED at once instead of timing out.
+    def _revoked_never_held(self, coord_revoking: set[str]) -> None:
+        """A shard the coordinator is revoking from us that we never held (its grant was in a
+        lost answer): nothing to drain, so it is REVOKED at once instead of timing out."""
         for shard in sorted(coord_revoking):
             if shard not in self.owned and shard not in self.revoking:
                 self.revoking[shard] = REVOKED
                 self._urgent = True
 
-        # REVOKED entries this request carried are processed (R5): stop reporting them.
+    def _r5_forget_processed_revoked(self, req: dict[str, Any], coord_revoking: set[str]) -> None:
+        """R5: the REVOKED entries this request carried are processed: stop reporting them."""
         for entry in req.get("revokingShards") or []:
             shard = entry["shard"]
             if (
@@ -261,74 +225,31 @@ class Membership:
             ):
                 del self.revoking[shard]
 
-        # C2 / C3: new shards only from OK; SYNC_METADATA and REVOKE_PENDING are drain-only.
-        if status == OK and not self.leaving:
-            for shard in sorted(assigned):
-                if shard in self.owned:
-                    continue
-                # Granted again while we were still revoking it: the coordinator resolved the
-                # revocation, so the pending report is moot and the shard is ours again.
-                self.revoking.pop(shard, None)
-                grant = self._make_grant(shard, epoch)
-                self.owned[shard] = grant
-                actions.grant.append(grant)
-
-        self.drained &= set(self.owned) | set(self.revoking)
-        self._next_due_ms = now_ms + self.heartbeat_interval_ms
-        return actions
-
-    def _take_metadata(self, metadata: Any) -> None:
-        if not isinstance(metadata, dict):
-            return
-        md_epoch = metadata.get("metadataEpoch")
-        if "versions" in metadata:
-            self.metadata = metadata
-            if isinstance(md_epoch, int):
-                self.metadata_epoch = md_epoch
-            interval = metadata.get("heartbeatIntervalMs")
-            if isinstance(interval, int) and interval > 0:
-                self.heartbeat_interval_ms = interval
-            session = metadata.get("sessionTimeoutMs")
-            if isinstance(session, int) and session > 0:
-                self.session_timeout_ms = session
-        elif isinstance(md_epoch, int) and self.metadata is None:
-            # Only an epoch and nothing held: remember it. When we do hold full metadata we
-            # keep its own epoch, so that a newer epoch brings SYNC_METADATA (R7) and content.
-            self.metadata_epoch = md_epoch
-
-    def _make_grant(self, shard: str, epoch: int) -> Grant:
-        md = self.metadata or {}
-        prefix = md.get("keyPrefix") or DEFAULT_KEY_PREFIX
-        start_position = md.get("startPosition") or "earliest"
-        for version in md.get("versions") or []:
-            for info in version.get("shards") or []:
-                if info.get("shardId") != shard:
-                    continue
-                keys = ShardKeys(shard, prefix)
-                first_version = not info.get("parents")
-                start = "$" if first_version and start_position == "latest" else "0"
-                return Grant(
-                    shard=shard,
-                    grant_epoch=epoch,
-                    member_id=self.member_id,
-                    redis_key=info.get("redisKey") or keys.stream,
-                    seal_key=info.get("sealKey") or keys.sealed,
-                    start_id=start,
-                    key_prefix=prefix,
-                )
-        # Not in the metadata we hold (should not happen: R7 syncs metadata first). Derive the
-        # keys and start from "0": re-reading is at-least-once, skipping would lose messages.
-        log.warning("granted shard %s is not in metadata epoch %s", shard, self.metadata_epoch)
-        keys = ShardKeys(shard, prefix)
-        return Grant(shard, epoch, self.member_id, keys.stream, keys.sealed, "0", prefix)
+    def _c2_c3_take_new(self, assigned: set[str], epoch: int, actions: Actions) -> None:
+        """C2/C3: new shards only from OK (the caller checks; SYNC_METADATA and REVOKE_PENDING
+        are drain-only), at the grant epoch of this answer."""
+        for shard in sorted(assigned):
+            if shard in self.owned:
+                continue
+            # Granted again while we were still revoking it: the coordinator resolved the
+            # revocation, so the pending report is moot and the shard is ours again.
+            self.revoking.pop(shard, None)
+            grant = grant_from_metadata(self.metadata, shard, epoch, self.member_id)
+            self.owned[shard] = grant
+            actions.grant.append(grant)
 
     # ---- fencing, timers -----------------------------------------------------------------
 
     def _fence(self, now_ms: int, reason: str) -> Actions:
         """C4/C5: stop reading and acking everything, forget ownership, rejoin at epoch 0."""
-        log.warning("member %s fenced (%s): rejoining with epoch 0", self.member_id, reason)
-        self.last_error = reason
         stopped = sorted(set(self.owned) | set(self.revoking))
+        log.warning(
+            "member %s fenced (%s): aborting %d shards, rejoining at epoch 0",
+            self.member_id,
+            reason,
+            len(stopped),
+        )
+        self.last_error = reason
         self.owned.clear()
         self.revoking.clear()
         self.drained.clear()
@@ -341,12 +262,17 @@ class Membership:
         if self._fences > 1:
             self._backoff(now_ms)
         else:
-            self._failures = 0
+            self._retry.reset()
         self._urgent = True
         return Actions(abort=stopped, rejoin=True)
 
-    def fence_locally(self, now_ms: int, reason: str) -> Actions:
-        """The runtime found ownership it cannot prove (fence token taken by a higher grant)."""
+    def fence_locally(self, now_ms: int, shards: set[str], reason: str) -> Actions:
+        """The runtime found ownership it cannot prove (fence token taken by a higher grant).
+        Shards we no longer hold (already aborted by a fence, e.g. the session check a moment
+        before a refused ACK) are not a new loss: fencing again would only delay the rejoin."""
+        if not shards & (set(self.owned) | set(self.revoking)):
+            log.debug("fence token taken on %s, which we no longer hold", sorted(shards))
+            return Actions()
         return self._fence(now_ms, reason)
 
     def check_session(self, now_ms: int) -> Actions:
@@ -363,9 +289,7 @@ class Membership:
         return Actions()
 
     def _backoff(self, now_ms: int) -> None:
-        self._failures += 1
-        delay = min(self._backoff_max, self._backoff_base * 2 ** (self._failures - 1))
-        self._next_due_ms = now_ms + delay
+        self._next_due_ms = now_ms + int(self._retry.next())
 
     # ---- runtime feedback ----------------------------------------------------------------
 

@@ -14,11 +14,9 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
-
 from . import scripts
+from .backoff import Backoff
+from .connections import redis_client
 from .routing import DEFAULT_KEY_PREFIX, HASH_ALGORITHM, ShardKeys, hash64, shard_index
 from .transport import Transport
 
@@ -90,20 +88,7 @@ class Producer:
         self.retry_timeout_s = retry_timeout_s
         self.routing_ttl_s = routing_ttl_s
         self.transport = transport or Transport(coordinator_url, api_key)
-        if client is None:
-            kwargs: dict[str, Any] = {
-                "decode_responses": True,
-                "socket_timeout": 5.0,
-                "socket_connect_timeout": 5.0,
-                "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
-            }
-            if cluster:
-                from redis.cluster import RedisCluster
-
-                client = RedisCluster.from_url(redis_url, **kwargs)
-            else:
-                client = redis.Redis.from_url(redis_url, **kwargs)
-        self.client = client
+        self.client = client if client is not None else redis_client(redis_url, cluster=cluster)
         self._table: RoutingTable | None = None
         self._fetched_at = 0.0
         self._lock = threading.Lock()
@@ -157,7 +142,7 @@ class Producer:
         out: list[Sent | None] = [None] * len(todo)
         deadline = time.monotonic() + self.retry_timeout_s
         refresh = False
-        delay = 0.05
+        backoff = Backoff(0.05, 1.0, jitter=False)
         while todo:
             table = self.routing(refresh=refresh)
             todo = self._append(table, todo, out)
@@ -169,8 +154,7 @@ class Producer:
                     f"(write version {table.write_version})"
                 )
             if refresh:  # refreshed already and still sealed: the reshard is in progress
-                time.sleep(delay)
-                delay = min(1.0, delay * 2)
+                backoff.wait()
             refresh = True
         return out  # type: ignore[return-value]
 

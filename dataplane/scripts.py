@@ -134,11 +134,45 @@ end
 return ids
 """
 
-# KEYS: stream. ARGV: group, consumer, start cursor, count. XAUTOCLAIM ... JUSTID, returned
-# raw: redis-py's reply parser drops the cursor of a JUSTID claim. JUSTID does not bump the
-# delivery count; the PEL read that follows does.
+# KEYS: stream, fence. ARGV: group, consumer, start cursor, count, token. XAUTOCLAIM ...
+# JUSTID, returned raw (redis-py's reply parser drops the cursor of a JUSTID claim), or -1
+# when the fence token is not ours: a stale owner must not pull the new owner's pending
+# entries into its own PEL. JUSTID does not bump the delivery count; the PEL read that
+# follows does.
 CLAIM_IDS = """
+if redis.call('GET', KEYS[2]) ~= ARGV[5] then return -1 end
 return redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'COUNT', ARGV[4], 'JUSTID')
+"""
+
+# KEYS: stream1, fence1, stream2, fence2, ... ARGV: group, consumer, count, token1, token2, ...
+# A fenced read of new entries: only the shards whose fence token is still ours are read, with
+# a NON-blocking XREADGROUP (BLOCK is refused inside scripts), so a member that stalled after
+# its lease check cannot pull a lost shard's entries into its PEL. Returns
+# {refused, reply, tails}: the 1-based shard positions refused; the XREADGROUP reply of the
+# others (false when nothing was read); when nothing was read, per readable shard the ID to
+# wait after with a plain XREAD BLOCK (its last entry, "0-0" when empty; false otherwise).
+FENCED_READ = """
+local refused, streams, ids, readable = {}, {}, {}, {}
+for i = 1, #KEYS / 2 do
+  if redis.call('GET', KEYS[2 * i]) == ARGV[3 + i] then
+    streams[#streams + 1] = KEYS[2 * i - 1]
+    ids[#ids + 1] = '>'
+  else
+    refused[#refused + 1] = i
+  end
+end
+if #streams == 0 then return {refused, false, false} end
+local args = {'XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS'}
+for _, s in ipairs(streams) do args[#args + 1] = s end
+for _, id in ipairs(ids) do args[#args + 1] = id end
+local reply = redis.call(unpack(args))
+if reply then return {refused, reply, false} end
+local tails = {}
+for i, s in ipairs(streams) do
+  local last = redis.call('XREVRANGE', s, '+', '-', 'COUNT', 1)
+  tails[i] = last[1] and last[1][1] or '0-0'
+end
+return {refused, false, tails}
 """
 
 
@@ -207,7 +241,8 @@ dlq = Lua(DLQ)
 drained = Lua(DRAINED)
 append = Lua(APPEND)
 claim_ids = Lua(CLAIM_IDS)
-ALL = (fence_raise, ack, dlq, drained, append, claim_ids)
+fenced_read = Lua(FENCED_READ)
+ALL = (fence_raise, ack, dlq, drained, append, claim_ids, fenced_read)
 
 
 def is_noscript(exc: BaseException) -> bool:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import random
-import time
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+
+from .backoff import Backoff, retry_call
 
 log = logging.getLogger(__name__)
 
@@ -68,29 +68,31 @@ class Transport:
         self.close()
 
     def _request(self, method: str, path: str, json: Any = None) -> tuple[int, dict[str, Any]]:
-        last: Exception | None = None
-        for attempt in range(self._attempts):
-            if attempt:
-                delay = min(self._backoff_max, self._backoff_base * 2 ** (attempt - 1))
-                time.sleep(delay * (0.5 + random.random() / 2))
-            try:
-                resp = self._client.request(method, path, json=json)
-            except httpx.TransportError as exc:  # connect/read errors and timeouts
-                last = exc
-                log.warning("coordinator %s %s failed: %r", method, path, exc)
-                continue
+        def attempt() -> httpx.Response:
+            resp = self._client.request(method, path, json=json)
             if resp.status_code >= 500:
-                last = CoordinatorUnavailable(f"HTTP {resp.status_code} from {path}")
-                log.warning("coordinator %s %s answered %s", method, path, resp.status_code)
-                continue
-            try:
-                body = resp.json()
-            except ValueError:
-                body = {"errorCode": "INVALID_RESPONSE", "errorMessage": resp.text[:200]}
-            if not isinstance(body, dict):
-                body = {"errorCode": "INVALID_RESPONSE", "errorMessage": repr(body)[:200]}
-            return resp.status_code, body
-        raise CoordinatorUnavailable(f"{method} {path}: {last!r}") from last
+                raise CoordinatorUnavailable(f"HTTP {resp.status_code} from {path}")
+            return resp
+
+        retry_on = (httpx.TransportError, CoordinatorUnavailable)  # connect/read errors, 5xx
+        try:
+            resp = retry_call(
+                attempt,
+                retry_on,
+                Backoff(self._backoff_base, self._backoff_max),
+                log=log,
+                what=f"coordinator {method} {path}",
+                attempts=self._attempts,
+            )
+        except retry_on as exc:
+            raise CoordinatorUnavailable(f"{method} {path}: {exc!r}") from exc
+        try:
+            body = resp.json()
+        except ValueError:
+            body = {"errorCode": "INVALID_RESPONSE", "errorMessage": resp.text[:200]}
+        if not isinstance(body, dict):
+            body = {"errorCode": "INVALID_RESPONSE", "errorMessage": repr(body)[:200]}
+        return resp.status_code, body
 
     def heartbeat(self, group: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """POST a heartbeat; returns (HTTP status, JSON body) for any 2xx/4xx answer."""

@@ -58,6 +58,23 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.01, what: s
         time.sleep(interval)
 
 
+def group_info(r: redis.Redis, stream: str, group: str = "g") -> dict | None:
+    """XINFO GROUPS entry of ``group``, or None while the stream or group does not exist yet
+    (the runtime creates both after a grant): for poll predicates, which must not raise."""
+    try:
+        groups = r.xinfo_groups(stream)
+    except redis.ResponseError:  # no such key
+        return None
+    return next((g for g in groups if g["name"] == group), None)
+
+
+def pending(r: redis.Redis, stream: str, group: str = "g") -> int:
+    """Entries pending in ``group``; -1 while the group does not exist (never equal to a
+    count a test waits for, and no exception inside a poll)."""
+    info = group_info(r, stream, group)
+    return -1 if info is None else int(info["pending"])
+
+
 def make_grant(prefix: str, shard: str, epoch: int = 1, member: str = "m-1", start: str = "0"):
     from dataplane.membership import Grant
     from dataplane.routing import ShardKeys

@@ -48,7 +48,7 @@ def test_consume_and_produce_on_cluster(cluster_url, coordinator) -> None:
         assert rc.get(ShardKeys(shards[0], prefix).fence("g")) == "1:m-1"
         # A sealed shard refuses appends on the cluster too.
         rc.set(ShardKeys(sent[0].shard, prefix).sealed, "1")
-        wait_until(lambda: sent[0].shard in rt.take_drained(), what="drained on cluster")
+        wait_until(lambda: sent[0].shard in rt.drained_shards(), what="drained on cluster")
     finally:
         rt.stop()
         rc.close()

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
-from dataplane import Consumer, Message, Producer
+import pytest
+
+from dataplane import (
+    AuthenticationError,
+    ConfigurationError,
+    Consumer,
+    GroupNotFoundError,
+    Message,
+    Producer,
+    RedisUnavailableError,
+)
 from dataplane.routing import ShardKeys
 
 from .conftest import routing_doc, version_doc, wait_until
@@ -104,3 +115,132 @@ def test_consumer_fenced_aborts_and_rejoins(r, prefix, coordinator, redis_url) -
     assert all(q["ownedShards"] == [] and q["memberId"] == "member-b" for q in joins)
     # Regranted at the higher epoch of the rejoin: the token moved up with it.
     assert r.get(ShardKeys("orders:1:0", prefix).fence("g")) == "2:member-b"
+
+
+def _run_in_thread(c: Consumer) -> tuple[threading.Thread, list[BaseException]]:
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            c.run()
+        except BaseException as exc:  # surfaced by the test
+            raised.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, raised
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error"),
+    [
+        (401, {"errorCode": "UNAUTHORIZED", "errorMessage": "bad key"}, AuthenticationError),
+        (403, {"errorCode": "FORBIDDEN", "errorMessage": "other group"}, AuthenticationError),
+        (404, {"errorCode": "GROUP_ID_NOT_FOUND", "errorMessage": "no g"}, GroupNotFoundError),
+    ],
+)
+def test_refusal_before_the_first_join_is_fatal(coordinator, redis_url, status, body, error):
+    coordinator.heartbeat = lambda req: (status, body)
+    c = Consumer(coordinator.url, "g", "k", lambda m: None, redis_url=redis_url, block_ms=100)
+    t, raised = _run_in_thread(c)
+    t.join(15)
+    assert not t.is_alive()
+    assert len(raised) == 1 and isinstance(raised[0], error)
+    assert isinstance(raised[0], ConfigurationError)
+    assert len(coordinator.requests) == 1  # no retry loop
+
+
+def test_redis_unreachable_at_start_is_fatal(coordinator) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    c = Consumer(coordinator.url, "g", "k", lambda m: None, redis_url=f"redis://127.0.0.1:{port}/0")
+    t, raised = _run_in_thread(c)
+    t.join(30)
+    assert not t.is_alive()
+    assert len(raised) == 1 and isinstance(raised[0], RedisUnavailableError)
+    assert coordinator.requests == []  # nothing joined
+
+
+def test_refusal_after_a_successful_join_is_retried_with_a_warning(
+    r, prefix, coordinator, redis_url, caplog
+) -> None:
+    coordinator.metadata = metadata(prefix)
+    base = coordinator.default_heartbeat
+    refusals = {"left": 0}
+
+    def heartbeat(req: dict):
+        if req["memberEpoch"] > 0 and refusals["left"] > 0:
+            refusals["left"] -= 1
+            return 401, {"errorCode": "UNAUTHORIZED", "errorMessage": "key rotated"}
+        return base(req)
+
+    coordinator.heartbeat = heartbeat
+    c = Consumer(coordinator.url, "g", "k", lambda m: None, redis_url=redis_url, block_ms=100)
+    caplog.set_level(logging.WARNING, logger="dataplane")
+    t, raised = _run_in_thread(c)
+    try:
+        wait_until(lambda: c.machine.member_epoch == 1, what="joined")
+        refusals["left"] = 2
+        wait_until(lambda: refusals["left"] == 0, what="two refusals")
+        n = len(coordinator.requests)
+        wait_until(lambda: len(coordinator.requests) > n + 1, what="heartbeats again")
+        assert c.machine.member_epoch == 1 and sorted(c.machine.readable) == [
+            "orders:1:0",
+            "orders:1:1",
+        ]
+    finally:
+        c.stop()
+        t.join(15)
+    assert raised == []
+    assert any("heartbeat refused: HTTP 401" in rec.getMessage() for rec in caplog.records)
+
+
+def test_member_logs_grants_revocations_drains_fences_and_rejoins_at_info(
+    r, prefix, coordinator, redis_url, caplog
+) -> None:
+    coordinator.metadata = metadata(prefix)
+    base = coordinator.default_heartbeat
+    script = {"drop": False, "fence": False}
+
+    def heartbeat(req: dict):
+        if req["memberEpoch"] > 0 and script["fence"]:
+            script["fence"] = False
+            return 409, {"errorCode": "FENCED_MEMBER_EPOCH", "errorMessage": "stale epoch"}
+        status, body = base(req)
+        if script["drop"] and req["memberEpoch"] > 0:
+            body["assignment"]["assignedShards"] = ["orders:1:0"]
+        return status, body
+
+    coordinator.heartbeat = heartbeat
+    caplog.set_level(logging.INFO, logger="dataplane")
+    c = Consumer(coordinator.url, "g", "k", lambda m: None, redis_url=redis_url, block_ms=100)
+    t, raised = _run_in_thread(c)
+    try:
+        wait_until(lambda: c.runtime.status("orders:1:1") == "ACTIVE", what="granted")
+        versions = metadata(prefix)["versions"]
+        coordinator.routing = routing_doc("orders", prefix, *versions, write=1)
+        with Producer(coordinator.url, "orders", "k", redis_url=redis_url) as p:
+            p.send_many([(f"k{i}", {"n": str(i)}) for i in range(50)])
+        r.set(ShardKeys("orders:1:0", prefix).sealed, "1")
+        wait_until(lambda: "orders:1:0" in c.machine.drained, what="drained")
+        script["drop"] = True
+        wait_until(lambda: "orders:1:1" not in c.machine.readable, what="revoked")
+        script["drop"] = False
+        script["fence"] = True
+        wait_until(lambda: c.machine.member_epoch == 2, what="rejoined")
+    finally:
+        c.stop()
+        t.join(15)
+    assert raised == []
+    lines = [rec.getMessage() for rec in caplog.records if rec.name.startswith("dataplane")]
+    info = [rec for rec in caplog.records if rec.levelno == logging.INFO]
+    assert any("member-" not in m and "joined at epoch 1" in m for m in lines)
+    assert any("shard orders:1:1 granted at epoch 1" in m for m in lines)
+    assert any("shard orders:1:0 drained" in m for m in lines)
+    assert any("shard orders:1:1 revoked" in m for m in lines)
+    assert any("fenced (FENCED_MEMBER_EPOCH: stale epoch)" in m for m in lines)
+    assert any("rejoined at epoch 2" in m for m in lines)
+    assert len(info) < 30  # one line per event, nothing per message (50 were handled)

@@ -252,3 +252,26 @@ def test_regranted_while_revoking_cancels_revocation() -> None:
     a = m.on_response(4001, 200, _ok(4, ["s:1:0"]))
     assert [g.shard for g in a.grant] == ["s:1:0"] and m.revoking == {}
     assert m.readable["s:1:0"].grant_epoch == 4
+
+
+def test_c4_refused_ack_right_after_the_session_check_does_not_fence_twice() -> None:
+    m = Membership("m-1")
+    m.poll(0)
+    m.on_response(1, 200, _ok(3, ["s:1:0"]))
+    m.poll(1001)
+    m.on_failure(1001)  # the coordinator stays silent past the session timeout
+    fenced = m.check_session(2 + m.session_timeout_ms)
+    assert fenced.abort == ["s:1:0"] and fenced.rejoin
+    # Then the ACK of a message handled meanwhile is refused: the shard is already aborted.
+    again = m.fence_locally(3 + m.session_timeout_ms, {"s:1:0"}, "fence token taken")
+    assert not again
+    req = m.poll(3 + m.session_timeout_ms)  # rejoins at once: no second fence, no backoff
+    assert req is not None and req["memberEpoch"] == 0
+
+
+def test_c4_fence_locally_on_a_held_shard_fences() -> None:
+    m = Membership("m-1")
+    m.poll(0)
+    m.on_response(1, 200, _ok(3, ["s:1:0", "s:1:1"]))
+    actions = m.fence_locally(2, {"s:1:1"}, "fence token taken")
+    assert actions.abort == ["s:1:0", "s:1:1"] and actions.rejoin and m.member_epoch == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 
 import pytest
@@ -13,12 +14,9 @@ from dataplane import scripts
 from dataplane.message import Message
 from dataplane.routing import ShardKeys
 from dataplane.runtime import ack_mode_from_capabilities, detect_ack_mode
+from dataplane.runtime.shard_table import ShardStatus, ShardTable, StopShard
 
-from .conftest import make_grant, wait_until
-
-
-def pending(r: redis.Redis, stream: str, group: str = "g") -> int:
-    return r.xpending(stream, group)["pending"]
+from .conftest import group_info, make_grant, pending, wait_until
 
 
 def test_per_key_order_with_parallel_workers(r, prefix, start_runtime) -> None:
@@ -97,7 +95,7 @@ def test_fence_token_refuses_stale_ack(r, prefix, start_runtime) -> None:
     release.set()
     wait_until(lambda: rt.in_flight(shard) == 0, what="batch finished")
     assert pending(r, keys.stream) == 1  # the stale ACK was refused
-    assert rt.take_lost() == {shard}
+    assert rt.pop_lost() == {shard}
     # A lower or equal-epoch raise by someone else is refused; the token never goes back.
     assert scripts.fence_raise(r, [keys.fence("g")], [3, "m-1"])[0] == 0
     assert scripts.fence_raise(r, [keys.fence("g")], [4, "m-1"])[0] == 0
@@ -113,7 +111,7 @@ def test_grant_below_current_fence_is_not_read(r, prefix, start_runtime) -> None
     r.xadd(keys.stream, {"key": "a"})
     rt.grant(make_grant(prefix, shard, epoch=5))
     wait_until(lambda: rt.status(shard) == "LOST", what="grant refused")
-    assert rt.take_lost() == {shard} and got == []
+    assert rt.pop_lost() == {shard} and got == []
 
 
 def test_retry_then_dlq_after_max_deliveries(r, prefix, start_runtime) -> None:
@@ -204,7 +202,9 @@ def test_this_server_gets_xack_and_acks_for_real(r, prefix, start_runtime) -> No
     rt.grant(make_grant(prefix, "s:1:0"))
     for i in range(5):
         r.xadd(keys.stream, {"key": str(i)})
-    wait_until(lambda: r.xinfo_groups(keys.stream)[0]["entries-read"] == 5)
+    # The group appears only once the runtime has applied the grant: the predicate must not
+    # index a list that is still empty.
+    wait_until(lambda: (group_info(r, keys.stream) or {}).get("entries-read") == 5)
     wait_until(lambda: pending(r, keys.stream) == 0)
     assert r.xlen(keys.stream) == 5  # XACK never deletes entries
 
@@ -222,9 +222,9 @@ def test_drain_detection(r, prefix, start_runtime) -> None:
     # Sealed but with entries pending: not drained.
     wait_until(lambda: pending(r, keys.stream) > 0)
     assert scripts.drained(r, [keys.stream, keys.sealed], ["g"]) == 0
-    assert shard not in rt.take_drained()
+    assert shard not in rt.drained_shards()
     gate.set()
-    wait_until(lambda: shard in rt.take_drained(), what="drained")
+    wait_until(lambda: shard in rt.drained_shards(), what="drained")
 
 
 def test_drain_script_ignores_lag_and_handles_trimmed_streams(r, prefix) -> None:
@@ -268,6 +268,7 @@ def test_revoke_finishes_current_leaves_queued_pending(r, prefix, start_runtime)
     wait_until(lambda: rt.status(shard) == "ACTIVE")
     ids = [r.xadd(keys.stream, {"key": "same"}) for _ in range(5)]
     assert entered.wait(10)
+    wait_until(lambda: pending(r, keys.stream) == 5, what="all five read, one in progress")
     rt.revoke(shard)
     assert rt.in_flight(shard) > 0
     release.set()
@@ -326,14 +327,99 @@ def test_start_position_latest_skips_history(r, prefix, start_runtime) -> None:
     wait_until(lambda: got == ["new"])
 
 
-def test_c4_late_refusal_for_an_aborted_grant_is_not_a_new_loss(r, prefix, start_runtime) -> None:
+def test_c4_late_refusal_for_an_aborted_grant_is_not_a_new_loss(prefix) -> None:
+    table = ShardTable(max_in_flight=10)
+    st = table.install(make_grant(prefix, "s:1:0", epoch=3))
+    table.enqueue(StopShard("s:1:0", ShardStatus.ABORTED))
+    table.mark_lost(st)  # what an ACK refused after the abort does
+    assert table.pop_lost() == set()
+    assert table.status("s:1:0") == ShardStatus.ABORTED
+
+
+def test_late_refusal_for_a_replaced_grant_is_not_a_new_loss(prefix) -> None:
+    table = ShardTable(max_in_flight=10)
+    old = table.install(make_grant(prefix, "s:1:0", epoch=3))
+    table.install(make_grant(prefix, "s:1:0", epoch=4))
+    table.mark_lost(old)
+    assert table.pop_lost() == set()
+    assert table.status("s:1:0") == ShardStatus.STARTING
+    table.mark_lost(table.get("s:1:0"))
+    assert table.pop_lost() == {"s:1:0"}
+    assert table.pop_lost() == set()  # an event: reported once
+
+
+def test_fenced_read_refused_for_a_member_frozen_between_lease_check_and_read(
+    r, prefix, start_runtime
+) -> None:
     shard = "s:1:0"
-    rt = start_runtime(lambda msg: None)
+    keys = ShardKeys(shard, prefix)
+    got: list[Message] = []
+    rt = start_runtime(got.append)
+    rt.read_deadline = time.monotonic() + 3600  # by its own clock the member's lease holds
     rt.grant(make_grant(prefix, shard, epoch=3, member="m-1"))
     wait_until(lambda: rt.status(shard) == "ACTIVE", what="shard active")
-    aborted = rt._shards[shard]
-    rt.abort(shard)
-    wait_until(lambda: rt.status(shard) == "ABORTED", what="shard aborted")
-    rt._mark_lost(aborted)  # what an ACK refused after the abort does
-    assert rt.take_lost() == set()
-    assert rt.status(shard) == "ABORTED"
+    # Frozen after its lease check: meanwhile the coordinator moved the shard on and the next
+    # owner raised the fence token. Then an entry arrives and the frozen member's read runs.
+    assert scripts.fence_raise(r, [keys.fence("g")], [4, "m-2"])[0] == 1
+    r.xadd(keys.stream, {"key": "a"})
+    wait_until(lambda: rt.status(shard) == "LOST", what="read refused")
+    assert rt.pop_lost() == {shard}
+    assert got == []
+    assert pending(r, keys.stream) == 0  # nothing entered any PEL: the next owner reads it
+    assert (group_info(r, keys.stream) or {}).get("entries-read") in (0, None)
+
+
+def test_fenced_read_script_reads_only_shards_whose_token_is_ours(r, prefix) -> None:
+    a, b = ShardKeys("s:1:0", prefix), ShardKeys("s:1:1", prefix)
+    for k in (a, b):
+        r.xgroup_create(k.stream, "g", id="0", mkstream=True)
+        r.xadd(k.stream, {"key": "x"})
+    r.set(a.fence("g"), "2:m-1")
+    r.set(b.fence("g"), "3:m-2")  # b moved on to m-2
+    keys = [a.stream, a.fence("g"), b.stream, b.fence("g")]
+    refused, reply, tails = scripts.fenced_read(r, keys, ["g", "m-1", 10, "2:m-1", "2:m-1"])
+    assert refused == [2]
+    assert [stream for stream, _entries in reply] == [a.stream] and tails is None
+    assert pending(r, a.stream) == 1 and pending(r, b.stream) == 0
+    # Nothing new on a: no reply, and the id to wait after with XREAD BLOCK.
+    refused, reply, tails = scripts.fenced_read(r, keys[:2], ["g", "m-1", 10, "2:m-1"])
+    assert refused == [] and reply is None and tails == [r.xrevrange(a.stream, count=1)[0][0]]
+
+
+def test_fenced_read_aborts_when_the_token_moves_between_the_check_and_the_read(r, prefix):
+    """The member is frozen after its fence check (WATCH + MGET) and before the read (MULTI
+    XREADGROUP EXEC): the next owner raises the token in that gap, and Redis runs nothing."""
+    from dataplane.runtime.fenced_read import fenced_read
+    from dataplane.runtime.shard_table import ShardTable
+
+    keys = ShardKeys("s:1:0", prefix)
+    r.xgroup_create(keys.stream, "g", id="0", mkstream=True)
+    r.xadd(keys.stream, {"key": "a"})
+    r.set(keys.fence("g"), "3:m-1")
+    st = ShardTable(10).install(make_grant(prefix, "s:1:0", epoch=3, member="m-1"))
+    pool = redis.ConnectionPool(**r.connection_pool.connection_kwargs)
+    client = redis.Redis(connection_pool=pool)
+    conn = client.connection_pool.get_connection()
+    real_send = conn.send_packed_command
+    sent: list[int] = []
+
+    def frozen_before_the_read(packed, *args, **kwargs):
+        sent.append(1)
+        if len(sent) == 2:  # the check went out; the read is next: the token moves now
+            assert scripts.fence_raise(r, [keys.fence("g")], [4, "m-2"])[0] == 1
+        return real_send(packed, *args, **kwargs)
+
+    conn.send_packed_command = frozen_before_the_read
+    try:
+        res = fenced_read(conn, "g", "m-1", 10, [st])
+    finally:
+        client.connection_pool.release(conn)
+        client.close()
+    assert res.aborted and res.entries == {}
+    assert pending(r, keys.stream) == 0  # nothing entered m-1's PEL
+    # Its next read sees the new token at the check and refuses the shard.
+    conn = r.connection_pool.get_connection()
+    try:
+        assert fenced_read(conn, "g", "m-1", 10, [st]).refused == [st]
+    finally:
+        r.connection_pool.release(conn)

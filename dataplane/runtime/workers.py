@@ -1,0 +1,188 @@
+"""The worker part: dispatch of read entries to lanes, and the thread workers.
+
+A key always maps to the same lane (``hash(key) % lanes``; entries without the key field use
+their ID), and a lane runs its messages one after another: per-key order holds while
+different keys run in parallel. The reader hands each lane one list per shard and read (a
+:class:`Batch`), never one message per thread hop. A sync handler runs on ``workers`` threads,
+one per lane; an async handler on one event loop (async_workers.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from queue import SimpleQueue
+from typing import Any, Protocol
+
+from ..message import Message
+from .acker import Acker, Fenced, Finished
+from .retry import Outcome, Retry, Tally
+from .shard_table import ShardState, ShardStatus, ShardTable
+
+ACTIVE, RECOVERING = ShardStatus.ACTIVE, ShardStatus.RECOVERING
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Messages of one shard and read for one lane, in ID order."""
+
+    shard: ShardState
+    messages: list[Message]
+
+
+class Workers(Protocol):
+    lanes: int
+
+    def submit(self, st: ShardState, per_lane: list[list[Message]]) -> None: ...
+    def start(self) -> None: ...
+    def stop(self, timeout: float) -> None: ...
+
+
+class Dispatcher:
+    """Turns entries read from a shard into Messages, counted in flight, one list per lane."""
+
+    def __init__(self, key_field: str, table: ShardTable, workers: Workers, acker: Acker) -> None:
+        self.key_field = key_field
+        self.table = table
+        self.workers = workers
+        self.acker = acker
+
+    def dispatch(
+        self,
+        st: ShardState,
+        entries: list[Any],
+        counts: dict[str, int] | None = None,
+        advance: bool = True,
+    ) -> None:
+        """``counts``: delivery counts of recovered entries (new ones are at 1); ``advance``:
+        move the shard's re-read position to the last entry."""
+        key_field = self.key_field
+        lanes = self.workers.lanes
+        shard = st.shard
+        per_lane: list[list[Message]] = [[] for _ in range(lanes)]
+        gone: list[str] = []  # deleted/trimmed entries still in our PEL: nothing to run
+        for entry in entries:
+            msg_id, fields = entry[0], entry[1]
+            if not fields:
+                gone.append(msg_id)
+                continue
+            key = fields.get(key_field)
+            if key is None:
+                key = msg_id  # keyless: no order to keep, spread them
+            dc = counts.get(msg_id, 1) if counts is not None else 1
+            per_lane[hash(key) % lanes].append(Message(shard, msg_id, key, fields, dc))
+        self.table.add(st, len(entries), entries[-1][0] if advance else None)
+        self.workers.submit(st, per_lane)
+        if gone:
+            self.acker.put(Finished(st, gone))
+
+
+class LaneWorkers:
+    """What the thread and the coroutine workers share: the handler and the parts they call."""
+
+    def __init__(
+        self,
+        handler: Callable[[Message], Any],
+        lanes: int,
+        retry: Retry,
+        acker: Acker,
+        fenced: Fenced,
+        stopping: threading.Event,
+        *,
+        ack_before: bool,
+    ) -> None:
+        self.handler = handler
+        self.lanes = lanes
+        self.retry = retry
+        self.acker = acker
+        self.fenced = fenced
+        self.stopping = stopping
+        self.ack_before = ack_before
+
+
+class ThreadWorkers(LaneWorkers):
+    """A sync handler on ``lanes`` threads, each owning a queue."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.queues: list[SimpleQueue[Batch | None]] = [SimpleQueue() for _ in range(self.lanes)]
+        self.threads = [
+            threading.Thread(target=self._loop, args=(q,), name=f"dp-worker-{i}", daemon=True)
+            for i, q in enumerate(self.queues)
+        ]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def stop(self, timeout: float) -> None:
+        """Let each thread finish what it holds, then end."""
+        for q in self.queues:
+            q.put(None)
+        for t in self.threads:
+            t.join(timeout)
+
+    def submit(self, st: ShardState, per_lane: list[list[Message]]) -> None:
+        for q, msgs in zip(self.queues, per_lane, strict=True):
+            if msgs:
+                q.put(Batch(st, msgs))
+
+    def _loop(self, q: SimpleQueue[Batch | None]) -> None:
+        while (batch := q.get()) is not None:
+            try:
+                self._run(batch)
+            except Exception:
+                log.exception("worker failed on a batch of %s", batch.shard.shard)
+                self.acker.put(Finished(batch.shard, settled=len(batch.messages)))
+
+    def _run(self, batch: Batch) -> None:
+        if self.ack_before:
+            self._run_ack_before(batch)
+            return
+        st, msgs = batch.shard, batch.messages
+        tally = Tally()
+        done, handler, max_deliveries = tally.ids, self.handler, self.retry.cfg.max_deliveries
+        for i, msg in enumerate(msgs):
+            # The per-message path: identity checks and a bare append (this loop runs for
+            # every message; the enum's hash is a Python call).
+            status = st.status
+            if status is not ACTIVE and status is not RECOVERING:
+                outcome = Outcome.STOP
+            elif msg.delivery_count > max_deliveries:
+                outcome = self.retry.dead_letter_unrun(st, msg)
+            else:
+                try:
+                    handler(msg)
+                    done.append(msg.id)
+                    continue
+                except Exception as exc:
+                    outcome = self._retry(st, msg, exc, ack=True)
+            if not tally.add(msg, outcome, len(msgs) - i):
+                break
+        self.acker.put(Finished(st, tally.ids, tally.settled))
+
+    def _run_ack_before(self, batch: Batch) -> None:
+        st, msgs = batch.shard, batch.messages
+        if st.handling and self.fenced.ack_now(st, [m.id for m in msgs]) != -1:
+            for msg in msgs:
+                try:
+                    self.handler(msg)
+                except Exception as exc:
+                    self._retry(st, msg, exc, ack=False)
+        self.acker.put(Finished(st, settled=len(msgs)))
+
+    def _retry(self, st: ShardState, msg: Message, exc: Exception, *, ack: bool) -> Outcome:
+        backoff = self.retry.backoff()
+        while (outcome := self.retry.failed(st, msg, exc, ack=ack)) is None:
+            if backoff.wait(self.stopping) or not self.retry.again(st, msg):
+                return Outcome.STOP
+            try:
+                self.handler(msg)
+                return Outcome.ACK
+            except Exception as again:
+                exc = again
+        return outcome
