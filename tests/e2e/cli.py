@@ -14,7 +14,8 @@ from .conftest import ROOT
 def cli_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RSC_") and k != "REDIS_URL"}
     # This checkout's package (the shared test virtualenv need not have it installed).
-    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **extra)
+    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    env.update(extra)
     return env
 
 
