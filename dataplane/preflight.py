@@ -109,6 +109,12 @@ def stream_routing(url: str, api_key: str | None, stream: str) -> dict[str, Any]
     )
 
 
+def _unreachable_redis(url: str, exc: Exception) -> PreflightError:
+    return PreflightError(
+        f"cannot reach Redis at {redact(url)}: {exc or type(exc).__name__}", EXIT_UNREACHABLE
+    )
+
+
 def check_redis(url: str, cluster: bool = False) -> None:
     """PING Redis once with short timeouts."""
     kwargs: dict[str, Any] = {"socket_timeout": 3.0, "socket_connect_timeout": 3.0}
@@ -121,10 +127,14 @@ def check_redis(url: str, cluster: bool = False) -> None:
             client = redis.Redis.from_url(url, **kwargs)
     except ValueError as exc:
         raise PreflightError(f"bad Redis URL {redact(url)!r}: {exc}") from exc
-    except (redis.RedisError, RedisClusterException) as exc:  # a cluster connects at once
-        raise PreflightError(
-            f"cannot reach Redis at {redact(url)}: {exc or type(exc).__name__}", EXIT_UNREACHABLE
-        ) from exc
+    except RedisClusterException as exc:  # a cluster client connects at once
+        text = str(exc)
+        # redis-py says so only in words: no node answered, or one answered but is no cluster
+        if "cannot be connected" in text and "Cluster mode is not enabled" not in text:
+            raise _unreachable_redis(url, exc) from exc
+        raise PreflightError(f"Redis at {redact(url)} is not usable as a cluster: {text}") from exc
+    except redis.RedisError as exc:
+        raise _unreachable_redis(url, exc) from exc
     try:
         client.ping()
     except redis.AuthenticationError as exc:
@@ -132,9 +142,7 @@ def check_redis(url: str, cluster: bool = False) -> None:
     except redis.ResponseError as exc:  # e.g. NOAUTH, or a db index the server does not have
         raise PreflightError(f"Redis at {redact(url)} refused: {exc}") from exc
     except redis.RedisError as exc:
-        raise PreflightError(
-            f"cannot reach Redis at {redact(url)}: {exc or type(exc).__name__}", EXIT_UNREACHABLE
-        ) from exc
+        raise _unreachable_redis(url, exc) from exc
     finally:
         client.close()
 
