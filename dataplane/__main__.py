@@ -360,7 +360,8 @@ def cmd_dlq(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if args.limit is not None and args.limit < 1:
         parser.error("dlq: --limit must be at least 1")
-    # The constructor asks the coordinator (key, group, stream, key prefix); Redis after it.
+    check_redis(args.redis, args.cluster)
+    # The constructor asks the coordinator (key, group, stream, key prefix).
     with DeadLetters(
         args.coordinator,
         args.group,
@@ -369,7 +370,6 @@ def cmd_dlq(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         key_field=args.key_field,
         cluster=args.cluster,
     ) as dl:
-        check_redis(args.redis, args.cluster)
         if args.action == "list":
             letters = dl.list(args.shard, args.limit)
             if args.json:

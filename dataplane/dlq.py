@@ -23,10 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
-
 from .preflight import PreflightError, describe_group, stream_routing
 from .producer import Producer, Sent
 from .routing import DEFAULT_KEY_PREFIX, ShardKeys, parse_shard_id
@@ -113,33 +109,26 @@ class DeadLetters:
         page_size: int = 500,
         client: Any = None,
     ) -> None:
-        self.coordinator_url = coordinator_url
         self.group = group
-        self.api_key = api_key
-        self.redis_url = redis_url
         self.key_field = key_field
-        self.cluster = cluster
         self.page_size = max(1, page_size)
-        if client is None:
-            kwargs: dict[str, Any] = {
-                "decode_responses": True,
-                "socket_timeout": 5.0,
-                "socket_connect_timeout": 5.0,
-                "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
-            }
-            if cluster:
-                from redis.cluster import RedisCluster
-
-                client = RedisCluster.from_url(redis_url, **kwargs)
-            else:
-                client = redis.Redis.from_url(redis_url, **kwargs)
-        self.client = client
         self.stream: str = describe_group(coordinator_url, api_key, group)["stream"]
         self._routing = stream_routing(coordinator_url, api_key, self.stream)
         self.prefix: str = self._routing.get("keyPrefix") or DEFAULT_KEY_PREFIX
+        # Replays go through the producer path; its Redis client serves the DLQ reads too.
+        self.producer = Producer(
+            coordinator_url,
+            self.stream,
+            api_key,
+            redis_url,
+            key_field=key_field,
+            cluster=cluster,
+            client=client,
+        )
+        self.client: Any = self.producer.client
 
     def close(self) -> None:
-        self.client.close()
+        self.producer.close()
 
     def __enter__(self) -> DeadLetters:
         return self
@@ -235,21 +224,12 @@ class DeadLetters:
         Returns each replayed letter with where it was appended now.
         """
         done: list[tuple[DeadLetter, Sent]] = []
-        producer = Producer(
-            self.coordinator_url,
-            self.stream,
-            self.api_key,
-            self.redis_url,
-            key_field=self.key_field,
-            cluster=self.cluster,
-        )
-        with producer:
-            for s, page in self._walk(shard, limit):
-                sent = producer.send_many([(letter.key, letter.fields) for letter in page])
-                # Only now: a crash before this line leaves them in the DLQ (a duplicate on
-                # the next replay), never lost.
-                self.client.xdel(self.dlq_key(s), *[letter.id for letter in page])
-                done.extend(zip(page, sent, strict=True))
+        for s, page in self._walk(shard, limit):
+            sent = self.producer.send_many([(letter.key, letter.fields) for letter in page])
+            # Only now: a crash before this line leaves them in the DLQ (a duplicate on the
+            # next replay), never lost.
+            self.client.xdel(self.dlq_key(s), *[letter.id for letter in page])
+            done.extend(zip(page, sent, strict=True))
         return done
 
     def purge(self, shard: str | None = None, limit: int | None = None) -> int:
