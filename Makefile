@@ -16,9 +16,10 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	touch $@
 
 # The member library, editable: `rsc-dataplane` and `python -m dataplane` work from any
-# directory and always run this checkout's code. Its own stamp, so an existing venv gets it too.
+# directory and always run this checkout's code. Its own stamp, so an existing venv gets it too;
+# PYTHONWARNINGS silences setuptools' "editable installation" banner.
 $(VENV)/.dataplane-installed: $(VENV)/.installed dataplane/pyproject.toml
-	$(VENV)/bin/pip install -q -e ./dataplane
+	PYTHONWARNINGS=ignore $(VENV)/bin/pip install -q -e ./dataplane
 	touch $@
 
 install: $(VENV)/.installed $(VENV)/.dataplane-installed

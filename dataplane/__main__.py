@@ -288,26 +288,23 @@ def cmd_produce(args: argparse.Namespace, parser: argparse.ArgumentParser, stdin
         key_field=args.key_field,
         cluster=args.cluster,
     ) as producer:
-        if args.key is not None:
-            sent = producer.send(args.key, fields)
-            print(json.dumps({"shard": sent.shard, "id": sent.id}))
-            return 0
-        if stdin.isatty():
-            print("reading JSON lines from stdin (end with Ctrl-D)", file=sys.stderr)
         count = 0
         try:
+            if args.key is not None:
+                sent = producer.send(args.key, fields)
+                print(json.dumps({"shard": sent.shard, "id": sent.id}))
+                return 0
+            if stdin.isatty():
+                print("reading JSON lines from stdin (end with Ctrl-D)", file=sys.stderr)
             for batch, bad in _batches(read_json_lines(stdin, args.key_field), args.batch_size):
                 if batch:
                     producer.send_many(batch)
                     count += len(batch)
                 if bad is not None:
-                    raise InputError(f"{bad}; sent {count} messages before it")
-        except InputError as exc:
-            print(json.dumps({"sent": count}))
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_CONFIG
-        except Exception as exc:  # after the start: report what went out, one line
-            print(json.dumps({"sent": count}))
+                    print(json.dumps({"sent": count}))
+                    print(f"error: {bad}; sent {count} messages before it", file=sys.stderr)
+                    return EXIT_CONFIG
+        except Exception as exc:  # after the start (e.g. ShardSealedError): one line
             print(f"error: after {count} messages: {type(exc).__name__}: {exc}", file=sys.stderr)
             return EXIT_FAILED
         print(json.dumps({"sent": count}))
