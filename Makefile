@@ -15,7 +15,14 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(VENV)/bin/pip install -q -r requirements-dev.txt
 	touch $@
 
-install: $(VENV)/.installed
+# The member library, editable: `rsc-dataplane` and `python -m dataplane` work from any
+# directory and always run this checkout's code. Its own stamp, so an existing venv gets it too;
+# PYTHONWARNINGS silences setuptools' "editable installation" banner.
+$(VENV)/.dataplane-installed: $(VENV)/.installed dataplane/pyproject.toml
+	PYTHONWARNINGS=ignore $(VENV)/bin/pip install -q -e ./dataplane
+	touch $@
+
+install: $(VENV)/.installed $(VENV)/.dataplane-installed
 
 run: install
 	bash scripts/run.sh

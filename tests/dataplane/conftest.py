@@ -140,6 +140,10 @@ class FakeCoordinator:
                 fake.auth.append(self.headers.get("Authorization"))
                 if self.path.endswith("/routing") and fake.routing:
                     self._send(200, fake.routing)
+                elif self.path.startswith("/api/v1/groups/") and fake.metadata:
+                    # describe (the CLI's start-up check): just enough of it
+                    md = fake.metadata
+                    self._send(200, {"group": md["group"], "stream": md["stream"], "members": []})
                 else:
                     self._send(404, {"errorCode": "NOT_FOUND", "errorMessage": self.path})
 

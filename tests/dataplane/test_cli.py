@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dataplane import Producer
 from dataplane.routing import ShardKeys, hash64, shard_index
 
@@ -128,3 +130,30 @@ def test_consume_until_sigterm_then_leave(r, prefix, coordinator, redis_url, tmp
     assert sorted(seen.read_text().split()) == sorted(f"k{i}" for i in range(20))
     assert coordinator.requests[0]["memberEpoch"] == 0
     assert coordinator.requests[-1]["memberEpoch"] == -1
+
+
+def test_installed_console_script_runs_from_any_directory_and_finds_a_local_handler(
+    tmp_path,
+) -> None:
+    """`make install` (pip install -e ./dataplane) puts `rsc-dataplane` next to this Python;
+    run from a directory outside the repository, without PYTHONPATH."""
+    script = Path(sys.executable).parent / "rsc-dataplane"
+    if not script.exists():
+        pytest.skip(f"{script} not installed: `make install` installs it")
+    e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RSC_API_KEY")}
+    (tmp_path / "localhandler.py").write_text("def handle(msg):\n    pass\n")
+
+    def run_here(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, env=e, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+    out = run_here(sys.executable, "-m", "dataplane", "--help")
+    assert out.returncode == 0 and "exit codes:" in out.stdout, out.stderr
+    base = [str(script), "consume", "--coordinator", "http://127.0.0.1:9", "--group", "g"]
+    base += ["--api-key", "k", "--redis", "redis://127.0.0.1:9/0", "--handler"]
+    # The local handler imports (so the coordinator check is reached: unreachable, exit 3) ...
+    out = run_here(*base, "localhandler:handle")
+    assert out.returncode == 3, out.stderr
+    assert out.stderr.startswith("error: cannot reach the coordinator at http://127.0.0.1:9")
+    # ... and a missing one is a configuration error.
+    out = run_here(*base, "nothere:handle")
+    assert out.returncode == 2 and "cannot load handler 'nothere:handle'" in out.stderr
