@@ -189,3 +189,12 @@ CELERY_BEAT_SCHEDULE = {
 SWEEP_MAX_LAG_SECONDS = float(os.environ.get("SWEEP_MAX_LAG_SECONDS", max(30.0, 10 * SWEEP_INTERVAL_SECONDS)))
 # Optional bearer token for /metrics (empty: open, as usual behind a private scrape network).
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
+
+# --- Operator visibility (issue 10, PROTOCOL.md §10) ---------------------------
+# The shard streams are on a Redis Cluster (per-node pipelines for the shard statistics).
+STREAM_REDIS_CLUSTER = os.environ.get("STREAM_REDIS_CLUSTER", "").lower() in {"1", "true", "yes"}
+# Lag/pending/DLQ figures are cached per process this long (one round trip per node per period).
+SHARD_STATS_CACHE_SECONDS = float(os.environ.get("SHARD_STATS_CACHE_SECONDS", "2"))
+SHARD_STATS_SOCKET_TIMEOUT = float(os.environ.get("SHARD_STATS_SOCKET_TIMEOUT", "0.5"))
+# Null-lag fallback counts at most this many entries per shard (beyond: a lower bound).
+SHARD_STATS_XRANGE_LIMIT = int(os.environ.get("SHARD_STATS_XRANGE_LIMIT", "1000"))
