@@ -13,29 +13,9 @@ from enum import StrEnum
 
 from assignments.store import load_state
 from coordination import engine
+from coordination.liveness import Liveness, liveness
 from coordination.model import GroupState, Member, ShardSlot, shard_sort_key
 from groups.models import Group
-
-
-class Liveness(StrEnum):
-    ALIVE = "alive"
-    LATE = "late"  # more than 2 heartbeat intervals silent
-    EXPIRED = "expired"  # beyond the session timeout: the next sweep removes it (L1)
-    UNKNOWN = "unknown"  # never heartbeated
-
-
-def liveness(
-    last_heartbeat_at: datetime | None, now: datetime, heartbeat_interval_ms: int, session_timeout_ms: int
-) -> tuple[float | None, Liveness]:
-    """Seconds since the last heartbeat and what that means at a glance."""
-    if last_heartbeat_at is None:
-        return None, Liveness.UNKNOWN
-    silent = max(0.0, (now - last_heartbeat_at).total_seconds())
-    if silent * 1000 > session_timeout_ms:
-        return silent, Liveness.EXPIRED
-    if silent * 1000 > 2 * heartbeat_interval_ms:
-        return silent, Liveness.LATE
-    return silent, Liveness.ALIVE
 
 
 class CellKind(StrEnum):
