@@ -95,7 +95,7 @@ def _text(value: Any) -> Any:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _group_entry(reply: Any, group: str) -> dict[str, Any] | None:
+def group_entry(reply: Any, group: str) -> dict[str, Any] | None:
     """Our group's row of an XINFO GROUPS reply (redis-py gives a list of dicts)."""
     if isinstance(reply, Exception) or not isinstance(reply, list):
         return None
@@ -127,7 +127,7 @@ def read_shard_stats(
         info, length, dlq = replies[3 * i: 3 * i + 3]
         length = length if isinstance(length, int) else None
         dlq = dlq if isinstance(dlq, int) else None
-        entry = _group_entry(info, group)
+        entry = group_entry(info, group)
         sid = shard_ids[i]
         if entry is None:
             # No stream (XINFO errors with "no such key") or no consumer group yet: nothing
@@ -168,6 +168,11 @@ _cache: dict[tuple[str, str, tuple[str, ...]], tuple[float, GroupStats]] = {}  #
 _lock = threading.Lock()
 
 
+def stream_client() -> redis.Redis | RedisCluster:
+    """The client for the shard streams (STREAM_REDIS_URL, a Cluster if STREAM_REDIS_CLUSTER)."""
+    return _client(settings.STREAM_REDIS_URL, settings.STREAM_REDIS_CLUSTER)
+
+
 def _client(url: str, cluster: bool) -> redis.Redis | RedisCluster:
     key = (url, cluster)
     client = _clients.get(key)
@@ -183,6 +188,13 @@ def _client(url: str, cluster: bool) -> redis.Redis | RedisCluster:
             client = redis.Redis.from_url(url, **options)
         _clients[key] = client
     return client
+
+
+def forget(group: str) -> None:
+    """Drop `group`'s cached figures (after a position reset changed them)."""
+    with _lock:
+        for key in [k for k in _cache if k[0] == group]:
+            del _cache[key]
 
 
 def clear_cache() -> None:
