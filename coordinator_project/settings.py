@@ -198,3 +198,6 @@ SHARD_STATS_CACHE_SECONDS = float(os.environ.get("SHARD_STATS_CACHE_SECONDS", "2
 SHARD_STATS_SOCKET_TIMEOUT = float(os.environ.get("SHARD_STATS_SOCKET_TIMEOUT", "0.5"))
 # Null-lag fallback counts at most this many entries per shard (beyond: a lower bound).
 SHARD_STATS_XRANGE_LIMIT = int(os.environ.get("SHARD_STATS_XRANGE_LIMIT", "1000"))
+# Past the cache time, figures up to this much older are served while one background read
+# refreshes them (0: callers wait for the read).
+SHARD_STATS_STALE_SECONDS = float(os.environ.get("SHARD_STATS_STALE_SECONDS", "3"))

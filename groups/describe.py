@@ -34,6 +34,14 @@ def _ms_since(then: datetime | None, now: datetime) -> int | None:
 
 
 def describe_document(group: Group, state: GroupState, stats: shardstats.GroupStats, now: datetime) -> dict[str, Any]:
+    # Natural shard order computed once; member lists sort by rank (thousands of shards).
+    keys = {sid: shard_sort_key(sid) for sid in state.shards}
+    ordered = sorted(keys, key=keys.__getitem__)
+    rank = {sid: i for i, sid in enumerate(ordered)}
+
+    def in_order(shards: set[str] | frozenset[str]) -> list[str]:
+        return sorted(shards, key=rank.__getitem__)
+
     members = []
     by_id = {}
     for m in sorted(state.live_members(), key=lambda m: m.member_id):
@@ -49,20 +57,21 @@ def describe_document(group: Group, state: GroupState, stats: shardstats.GroupSt
             "memberEpoch": m.member_epoch,
             "state": m.status.value,
             "liveness": alive.value,
-            "assignedShards": list(engine.sorted_shards(granted)),
-            "pendingShards": list(engine.sorted_shards(target - granted)),
-            "revokingShards": list(engine.sorted_shards(state.revoking_from(m.member_id))),
-            "targetShards": list(engine.sorted_shards(target)),
+            "assignedShards": in_order(granted),
+            "pendingShards": in_order(target - granted),
+            "revokingShards": in_order(state.revoking_from(m.member_id)),
+            "targetShards": in_order(target),
             "lastHeartbeatAt": m.last_heartbeat_at.isoformat() if m.last_heartbeat_at else None,
             "sinceLastHeartbeatMs": _ms_since(m.last_heartbeat_at, now),
         })
     shards = []
-    for slot in sorted(state.shards.values(), key=lambda s: shard_sort_key(s.shard_id)):
+    for sid in ordered:
+        slot = state.shards[sid]
         owner = by_id.get(slot.owner) if slot.owner else None
         fig = stats.shard(slot.shard_id)
         shards.append({
             "shardId": slot.shard_id,
-            "version": shard_sort_key(slot.shard_id)[1],
+            "version": keys[sid][1],
             "state": shard_state(slot),
             "sealed": slot.sealed,
             "owner": slot.owner,
@@ -96,5 +105,5 @@ def describe_group(name: str, now: datetime | None = None) -> dict[str, Any] | N
     if group is None:
         return None
     state, _ = load_state(group)
-    stats = shardstats.shard_stats(group.name, group.stream.key_prefix, sorted(state.shards, key=shard_sort_key))
+    stats = shardstats.group_shard_stats(group)
     return describe_document(group, state, stats, now or timezone.now())

@@ -4,7 +4,8 @@ The one place the coordinator reads shard streams. Per group and live shard it p
 `XINFO GROUPS <shard>`, `XLEN <shard>` and `XLEN <shard's DLQ>`; on a Redis Cluster the
 pipeline is split per node by redis-py, so one refresh costs one round trip per node. The
 result is cached per process for `SHARD_STATS_CACHE_SECONDS` (≤ 2 s), so a busy admin page
-or a Prometheus scraper costs Redis one round trip per node per period, whoever asks.
+or a Prometheus scraper costs Redis one round trip per node per period, whoever asks; a
+slightly older result is served while a background thread refreshes it (`shard_stats`).
 
 Figures:
 
@@ -33,6 +34,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 import redis
@@ -73,15 +75,16 @@ class GroupStats:
             return None
         return sum(getattr(s, attr) or 0 for s in self.shards.values())
 
-    @property
+    # Cached: pages and scrapes ask for the totals of thousands of shards several times.
+    @cached_property
     def lag(self) -> int | None:
         return self._total("lag")
 
-    @property
+    @cached_property
     def pending(self) -> int | None:
         return self._total("pending")
 
-    @property
+    @cached_property
     def dlq(self) -> int | None:
         return self._total("dlq_length")
 
@@ -209,35 +212,74 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]
 
 
+def _read(key: tuple[str, str, tuple[str, ...]]) -> GroupStats:
+    """Read and cache one group's figures (the caller holds `_lock`)."""
+    group, prefix, shard_ids = key
+    url, cluster = settings.STREAM_REDIS_URL, settings.STREAM_REDIS_CLUSTER
+    as_of = datetime.now(UTC)
+    try:
+        shards = read_shard_stats(
+            _client(url, cluster), group, shard_ids, prefix, xrange_limit=settings.SHARD_STATS_XRANGE_LIMIT
+        )
+        result = GroupStats(group, True, None, as_of, shards)
+    except (redis.RedisError, OSError) as exc:
+        broken = _clients.pop((url, cluster), None)
+        if broken is not None:
+            broken.close()
+        result = GroupStats(group, False, _reason(exc), as_of, {})
+    if len(_cache) > 4096:
+        _cache.clear()
+    _cache[key] = (time.monotonic(), result)
+    return result
+
+
+_refreshing: set[tuple[str, str, tuple[str, ...]]] = set()
+_lock_refreshing = threading.Lock()
+
+
+def _refresh_in_background(key: tuple[str, str, tuple[str, ...]]) -> None:
+    with _lock_refreshing:
+        if key in _refreshing:
+            return
+        _refreshing.add(key)
+
+    def run() -> None:
+        try:
+            with _lock:
+                _read(key)
+        finally:
+            with _lock_refreshing:
+                _refreshing.discard(key)
+
+    threading.Thread(target=run, name=f"shardstats-{key[0]}", daemon=True).start()
+
+
+
 def shard_stats(group: str, prefix: str, shard_ids: Sequence[str], *, fresh: bool = False) -> GroupStats:
-    """`group`'s figures on `shard_ids`, at most `SHARD_STATS_CACHE_SECONDS` old."""
+    """`group`'s figures on `shard_ids`.
+
+    Younger than SHARD_STATS_CACHE_SECONDS: from the cache. Older, but by less than
+    SHARD_STATS_STALE_SECONDS more: still from the cache, while one background thread reads
+    them again (a page never waits for a 4,096-shard pipeline it asked for two seconds ago;
+    `asOf` says how old they are). Older still, or `fresh`: read now.
+    """
     key = (group, prefix, tuple(shard_ids))
     ttl = settings.SHARD_STATS_CACHE_SECONDS
     hit = _cache.get(key)
-    if hit is not None and not fresh and time.monotonic() < hit[0] + ttl:
-        return hit[1]
+    if hit is not None and not fresh:
+        age = time.monotonic() - hit[0]
+        if age < ttl:
+            return hit[1]
+        if age < ttl + settings.SHARD_STATS_STALE_SECONDS:
+            _refresh_in_background(key)
+            return hit[1]
     # One reader per process at a time: concurrent requests for the same group wait for
     # the first one's answer instead of each sending the same pipeline.
     with _lock:
         hit = _cache.get(key)
-        if hit is not None and not fresh and time.monotonic() < hit[0] + ttl:
+        if hit is not None and not fresh and time.monotonic() - hit[0] < ttl:
             return hit[1]
-        url, cluster = settings.STREAM_REDIS_URL, settings.STREAM_REDIS_CLUSTER
-        as_of = datetime.now(UTC)
-        try:
-            shards = read_shard_stats(
-                _client(url, cluster), group, shard_ids, prefix, xrange_limit=settings.SHARD_STATS_XRANGE_LIMIT
-            )
-            result = GroupStats(group, True, None, as_of, shards)
-        except (redis.RedisError, OSError) as exc:
-            broken = _clients.pop((url, cluster), None)
-            if broken is not None:
-                broken.close()
-            result = GroupStats(group, False, _reason(exc), as_of, {})
-        if len(_cache) > 4096:
-            _cache.clear()
-        _cache[key] = (time.monotonic(), result)
-        return result
+        return _read(key)
 
 
 def group_shard_stats(group: Any, *, fresh: bool = False) -> GroupStats:
@@ -256,3 +298,41 @@ def live_shard_ids(stream_id: int) -> list[str]:
         .order_by("version__version", "index")
         .values_list("shard_id", flat=True)
     )
+
+
+@dataclass(frozen=True)
+class DlqEntry:
+    shard_id: str
+    entry_id: str  # id in the DLQ stream (its time is when it was dead-lettered)
+    original_id: str
+    error: str
+    deliveries: str
+    key: str
+    fields: dict[str, str]
+
+
+def newest_dlq_entries(group: str, prefix: str, stats: GroupStats, limit: int = 10) -> tuple[list[DlqEntry], str | None]:
+    """The newest DLQ entries of `group` over its shards with the longest DLQs (XREVRANGE,
+    read-only; at most `limit` shards × `limit` entries). Returns (entries, error)."""
+    shards = sorted((s for s in stats.shards.values() if s.dlq_length), key=lambda s: -(s.dlq_length or 0))[:limit]
+    if not shards:
+        return [], None
+    try:
+        pipe = stream_client().pipeline(transaction=False)
+        for s in shards:
+            pipe.xrevrange(ShardKeys(s.shard_id, prefix).dlq(group), count=limit)
+        replies = pipe.execute()
+    except (redis.RedisError, OSError) as exc:
+        return [], _reason(exc)
+    out = []
+    for s, reply in zip(shards, replies, strict=True):
+        for entry_id, raw in reply:
+            fields = {_text(k): _text(v) for k, v in raw.items()}
+            out.append(DlqEntry(
+                shard_id=s.shard_id, entry_id=_text(entry_id), original_id=fields.pop("dlq:id", ""),
+                error=fields.pop("dlq:error", ""), deliveries=fields.pop("dlq:deliveries", ""),
+                key=fields.get("key", ""),
+                fields={k: v for k, v in fields.items() if not k.startswith("dlq:")},
+            ))
+    out.sort(key=lambda e: tuple(int(p) for p in e.entry_id.split("-")), reverse=True)
+    return out[:limit], None

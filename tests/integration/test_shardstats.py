@@ -5,6 +5,7 @@ The test plays the consumer itself (XREADGROUP/XACK); the module under test only
 """
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -109,10 +110,24 @@ def test_figures_are_cached_per_process_for_the_configured_time(r: redis.Redis):
         _fill(r, key, 3)
         assert shard_stats("g", prefix, ["s:1:0"]) is first  # cached: no new round trip
         assert shard_stats("g", prefix, ["s:1:0"], fresh=True).lag == 5
-    with override_settings(SHARD_STATS_CACHE_SECONDS=0):
+    with override_settings(SHARD_STATS_CACHE_SECONDS=0, SHARD_STATS_STALE_SECONDS=0):
         _fill(r, key, 1)
         assert shard_stats("g", prefix, ["s:1:0"]).lag == 6
     assert first.ok and first.error is None and first.lag == 2
+
+
+def test_stale_figures_are_served_while_one_background_read_refreshes_them(r: redis.Redis):
+    prefix = r.prefix  # type: ignore[attr-defined]
+    key = ShardKeys("s:1:0", prefix).stream
+    _fill(r, key, 2)
+    with override_settings(SHARD_STATS_CACHE_SECONDS=0, SHARD_STATS_STALE_SECONDS=60):
+        first = shard_stats("g", prefix, ["s:1:0"])  # nothing cached: read now
+        _fill(r, key, 3)
+        assert shard_stats("g", prefix, ["s:1:0"]) is first  # stale, served at once
+        deadline = time.monotonic() + 10
+        while shard_stats("g", prefix, ["s:1:0"]).lag != 5:  # the background read lands
+            assert time.monotonic() < deadline, "no background refresh"
+            time.sleep(0.02)  # poll interval of a deadline loop
 
 
 def test_redis_away_gives_null_figures_with_a_reason_and_heartbeats_still_work(hb: Hb, orders: GroupFixture):
