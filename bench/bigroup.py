@@ -2,7 +2,7 @@
 
 For the admin's scale test and `make bench-describe`: round-robin ownership (member i holds
 every shard whose index ≡ i mod N, owner = target, grant epoch 2), every member STABLE at
-the assignment epoch, heartbeats spread over the last second. Optionally each shard stream
+the assignment epoch, heartbeats spread over the last second (interval 15 s: alive for a while, not beating). Optionally each shard stream
 gets a small backlog (index mod 7 entries, the consumer group at "0") so lag has values.
 PostgreSQL only (one UPDATE … FROM).
 """
@@ -33,7 +33,7 @@ def build_settled_group(
 ) -> Group:
     now = now or timezone.now()
     create_stream(stream, shards)
-    g = create_group(group, stream, max_members=max(members, 1000), heartbeat_interval_ms=3000,
+    g = create_group(group, stream, max_members=max(members, 1000), heartbeat_interval_ms=15_000,
                      session_timeout_ms=3_600_000, rebalance_timeout_ms=3_600_000)
     with transaction.atomic():
         Member.objects.bulk_create(
