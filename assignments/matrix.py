@@ -85,8 +85,23 @@ class Cell:
         return self.kind.value
 
 
+class _HeatMixin:
+    """Colour-scale classes of a row or column with `lag` and `pending_entries`."""
+
+    lag: int | None
+    pending_entries: int | None
+
+    @property
+    def heat(self) -> str:
+        return heat(self.lag)
+
+    @property
+    def pending_heat(self) -> str:
+        return heat(self.pending_entries)
+
+
 @dataclass(frozen=True)
-class ShardColumn:
+class ShardColumn(_HeatMixin):
     shard_id: str
     version: int
     index: int
@@ -105,14 +120,6 @@ class ShardColumn:
     last_delivered_id: str | None = None
 
     @property
-    def heat(self) -> str:
-        return heat(self.lag)
-
-    @property
-    def pending_heat(self) -> str:
-        return heat(self.pending_entries)
-
-    @property
     def status(self) -> str:
         """One word for the column footer."""
         if self.drained:
@@ -127,7 +134,7 @@ class ShardColumn:
 
 
 @dataclass(frozen=True)
-class MemberRow:
+class MemberRow(_HeatMixin):
     member_id: str
     client_id: str
     status: str
@@ -142,14 +149,6 @@ class MemberRow:
     ranges: str = ""  # held shards as compact ranges
     lag: int | None = None  # over the shards it holds
     pending_entries: int | None = None
-
-    @property
-    def heat(self) -> str:
-        return heat(self.lag)
-
-    @property
-    def pending_heat(self) -> str:
-        return heat(self.pending_entries)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from assignments.models import ShardAssignment
 from coordination.liveness import Liveness
 from coordination.model import LIVE_STATUSES
 from groups import shardstats
+from groups.describe import shard_state
 from groups.models import Event, Group, ShardVersion, Stream, SweepRun, VersionState
 from groups.positions import reset_position
 from groups.services import (
@@ -435,14 +436,6 @@ class ResetPositionForm(forms.Form):
 SHARDS_PER_PAGE = 100
 MEMBERS_PER_PAGE = 100
 SHARD_STATES = ("granted", "revoking", "unowned", "pending", "sealed", "drained", "waiting")
-
-
-def shard_state(c: ShardColumn) -> str:
-    if c.drained:
-        return "drained"
-    if c.owner is None:
-        return "unowned"
-    return "revoking" if c.revoking else "granted"
 
 
 @dataclass(frozen=True)

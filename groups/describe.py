@@ -20,8 +20,10 @@ from groups import shardstats
 from groups.models import Group
 
 
-def shard_state(slot: ShardSlot) -> str:
-    """One word per shard, as `rsc_group_shards` counts them: drained, revoking, granted, unowned."""
+def shard_state(slot: ShardSlot | Any) -> str:
+    """One word per shard, as `rsc_group_shards` counts them: drained, revoking, granted, unowned.
+
+    Anything with `drained`, `owner` and `revoking` (a core slot, a matrix column)."""
     if slot.drained:
         return "drained"
     if slot.owner is None:

@@ -3,7 +3,6 @@ matrix (filters, colour scale), the reshard button and panel, the reset-position
 confirmation, labels that cannot be confused, booleans that are not red crosses."""
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,11 +13,10 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from dataplane.routing import ShardKeys
-from groups import shardstats
 from groups.models import Event, Group, Stream
 from groups.sweeps import run_all_sweeps
 
-from .conftest import GroupFixture, Hb, make_group
+from .conftest import GroupFixture, Hb, group_on_fresh_stream
 from .test_admin import Beat, converge, messages_of
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
@@ -33,15 +31,8 @@ def root() -> Client:
 
 @pytest.fixture
 def fx() -> Iterator[GroupFixture]:
-    shardstats.clear_cache()
-    stream = f"op-{uuid.uuid4().hex[:8]}"
-    fixture = make_group(stream, f"g-{stream[3:]}", shards=4)
-    yield fixture
-    r = redis.Redis.from_url(settings.STREAM_REDIS_URL)
-    for key in r.scan_iter(f"rsc:{{{stream}:*"):
-        r.delete(key)
-    r.close()
-    shardstats.clear_cache()
+    with group_on_fresh_stream("op", "g-{stream}") as fixture:
+        yield fixture
 
 
 def _backlog(fx: GroupFixture) -> None:

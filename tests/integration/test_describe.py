@@ -3,7 +3,6 @@ seconds since their last heartbeat; Redis away → figures null with the reason,
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from io import StringIO
 
@@ -15,24 +14,16 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 from dataplane.routing import ShardKeys
-from groups import shardstats
 
-from .conftest import GroupFixture, Hb, free_port, make_group
+from .conftest import GroupFixture, Hb, free_port, group_on_fresh_stream
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
 
 
 @pytest.fixture
 def fx() -> Iterator[GroupFixture]:
-    shardstats.clear_cache()
-    stream = f"desc-{uuid.uuid4().hex[:8]}"
-    fixture = make_group(stream, "dg", shards=4)
-    yield fixture
-    r = redis.Redis.from_url(settings.STREAM_REDIS_URL)
-    for key in r.scan_iter(f"rsc:{{{stream}:*"):
-        r.delete(key)
-    r.close()
-    shardstats.clear_cache()
+    with group_on_fresh_stream("desc", "dg") as fixture:
+        yield fixture
 
 
 def _converge(hb: Hb, member: str) -> dict:

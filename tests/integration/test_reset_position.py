@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from io import StringIO
 
@@ -18,12 +17,11 @@ from rest_framework.test import APIClient
 from dataplane import Consumer
 from dataplane.message import Message
 from dataplane.routing import ShardKeys
-from groups import shardstats
 from groups.models import Event
 from groups.positions import resolve_position
 from groups.services import ServiceError
 
-from .conftest import GroupFixture, Hb, LiveServer, make_group
+from .conftest import GroupFixture, Hb, LiveServer, group_on_fresh_stream
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
 
@@ -49,15 +47,9 @@ def test_reset_target_garbage_is_refused_naming_the_field(to: str):
 
 @pytest.fixture
 def fx() -> Iterator[GroupFixture]:
-    shardstats.clear_cache()
-    stream = f"rp-{uuid.uuid4().hex[:8]}"
-    fixture = make_group(stream, f"rpg-{stream[3:]}", shards=2, heartbeat_interval_ms=200, session_timeout_ms=5000)
-    yield fixture
-    r = redis.Redis.from_url(settings.STREAM_REDIS_URL)
-    for key in r.scan_iter(f"rsc:{{{stream}:*"):
-        r.delete(key)
-    r.close()
-    shardstats.clear_cache()
+    with group_on_fresh_stream("rp", "rpg-{stream}", shards=2, heartbeat_interval_ms=200,
+                               session_timeout_ms=5000) as fixture:
+        yield fixture
 
 
 def _entries(fx: GroupFixture) -> tuple[redis.Redis, str, str]:
