@@ -201,3 +201,5 @@ SHARD_STATS_XRANGE_LIMIT = int(os.environ.get("SHARD_STATS_XRANGE_LIMIT", "1000"
 # Past the cache time, figures up to this much older are served while one background read
 # refreshes them (0: callers wait for the read).
 SHARD_STATS_STALE_SECONDS = float(os.environ.get("SHARD_STATS_STALE_SECONDS", "3"))
+# The admin shows times to the second (coordinator_project/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["coordinator_project.formats"]

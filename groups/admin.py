@@ -38,6 +38,7 @@ from groups.services import (
     update_group_config,
     validate_group_config,
 )
+from groups.templatetags.rsc_admin import when
 
 try:  # written by the resharding work; the action is left out if it is not there
     from groups.resharding import start_reshard
@@ -45,6 +46,16 @@ except ImportError:  # pragma: no cover - depends on the tree
     start_reshard = None
 
 _LIVE = [s.value for s in LIVE_STATUSES]
+
+
+def when_column(attr: str, description: str) -> Any:
+    """A list/detail column: the time to the second plus how long ago ("12 s ago")."""
+
+    @admin.display(description=description, ordering=attr)
+    def column(self: Any, obj: Any) -> str:
+        return when(getattr(obj, attr))
+
+    return column
 
 
 def _actor(request: HttpRequest) -> str:
@@ -119,16 +130,17 @@ class ReshardForm(forms.Form):
 class StreamAdmin(ReadOnlyAdmin):
     list_display = (
         "name", "state", "write_version", "shard_count", "versions_summary", "drain_summary",
-        "metadata_epoch", "state_changed_at",
+        "metadata_epoch", "state_since",
     )
     list_filter = ("state",)
     search_fields = ("name",)
     inlines = [ShardVersionInline]
     fields = (
         "name", "key_prefix", "state", "write_version", "shard_count", "metadata_epoch",
-        "created_at", "state_changed_at", "drain_table",
+        "created_at", "state_since", "drain_table",
     )
     readonly_fields = fields
+    state_since = when_column("state_changed_at", "state since")
     actions = ["start_reshard_action"] if start_reshard is not None else []
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Stream]:
@@ -546,8 +558,9 @@ def group_page_context(group: Group, matrix: Matrix, now: Any, request: HttpRequ
 @admin.register(Event)
 class EventAdmin(ReadOnlyAdmin):
     list_display = (
-        "created_at", "kind", "group", "stream", "member_id", "group_epoch", "member_epoch", "actor", "summary",
+        "created", "kind", "group", "stream", "member_id", "group_epoch", "member_epoch", "actor", "summary",
     )
+    created = when_column("created_at", "time")
     list_filter = ("kind", "group", "stream")
     search_fields = ("member_id", "actor", "group__name", "stream__name")
     list_select_related = ("group", "stream")
@@ -566,9 +579,11 @@ class EventAdmin(ReadOnlyAdmin):
 # --- sweeps --------------------------------------------------------------------------------------
 @admin.register(SweepRun)
 class SweepRunAdmin(ReadOnlyAdmin):
-    list_display = ("name", "last_started_at", "last_finished_at", "lag", "last_result")
-    readonly_fields = ("name", "last_started_at", "last_finished_at", "lag", "last_result")
+    list_display = ("name", "started", "finished", "lag", "last_result")
+    readonly_fields = ("name", "started", "finished", "lag", "last_result")
     fields = readonly_fields
+    started = when_column("last_started_at", "last started")
+    finished = when_column("last_finished_at", "last finished")
 
     @admin.display(description="seconds since last finished")
     def lag(self, obj: SweepRun) -> str:

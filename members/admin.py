@@ -20,7 +20,7 @@ from django.utils.html import format_html
 
 from coordination.liveness import LATE_AFTER_INTERVALS, Liveness, liveness
 from coordination.model import LIVE_STATUSES
-from groups.admin import ReadOnlyAdmin
+from groups.admin import ReadOnlyAdmin, when_column
 from groups.services import ServiceError
 from members import services
 from members.models import Member
@@ -71,10 +71,12 @@ class MemberAdmin(ReadOnlyAdmin):
     actions = ["fence_members", "remove_members"]
     fields = (
         "group", "member_id", "client_id", "status", "member_epoch", "previous_member_epoch", "heartbeat",
-        "joined_at", "last_heartbeat_at", "revocation_deadline", "rebalance_timeout_ms",
+        "joined", "last_heartbeat", "revocation_deadline", "rebalance_timeout_ms",
         "last_reported_owned", "held_shards", "fenced_by", "fenced_reason",
     )
     readonly_fields = fields
+    joined = when_column("joined_at", "joined")
+    last_heartbeat = when_column("last_heartbeat_at", "last heartbeat")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Member]:
         return super().get_queryset(request).annotate(
