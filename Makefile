@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/rsc
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: install run test lint bench bench-heartbeat bench-dataplane
+.PHONY: install run test lint bench bench-heartbeat bench-dataplane bench-describe
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,10 +34,14 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 
-bench: bench-heartbeat bench-dataplane
+bench: bench-heartbeat bench-dataplane bench-describe
 
 bench-heartbeat: install
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rsc_bench} $(PY) bench/heartbeat.py
 
 bench-dataplane: install
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} $(PY) bench/dataplane.py
+
+bench-describe: install
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rsc_bench_describe} \
+		REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} $(PY) bench/describe.py

@@ -18,6 +18,7 @@ from coordination.model import (
     Status,
 )
 from groups.api_errors import error_body
+from groups.describe import describe_group  # noqa: F401 - the describe document lives there (§10)
 from groups.metadata import group_metadata
 from groups.models import Group
 
@@ -97,36 +98,3 @@ def response_body(result: HeartbeatResult) -> dict[str, Any]:
 
 def group_exists(name: str) -> bool:
     return Group.objects.filter(name=name).exists()
-
-
-def describe_group(name: str) -> dict[str, Any] | None:
-    """GET /api/v1/groups/{group} and `describe_group`: who holds, waits for and revokes what."""
-    group = Group.objects.select_related("stream").filter(name=name).first()
-    if group is None:
-        return None
-    state, _ = load_state(group)
-    members = []
-    for m in sorted(state.live_members(), key=lambda m: m.member_id):
-        granted = state.granted_to(m.member_id)
-        target = state.target_of(m.member_id)
-        members.append({
-            "memberId": m.member_id,
-            "clientId": m.client_id,
-            "memberEpoch": m.member_epoch,
-            "state": m.status.value,
-            "assignedShards": list(engine.sorted_shards(granted)),
-            "pendingShards": list(engine.sorted_shards(target - granted)),
-            "revokingShards": list(engine.sorted_shards(state.revoking_from(m.member_id))),
-            "targetShards": list(engine.sorted_shards(target)),
-            "lastHeartbeatAt": m.last_heartbeat_at.isoformat() if m.last_heartbeat_at else None,
-        })
-    return {
-        "group": group.name,
-        "stream": group.stream.name,
-        "state": engine.group_phase(state).value,
-        "streamState": group.stream.state,
-        "groupEpoch": state.group_epoch,
-        "assignmentEpoch": state.assignment_epoch,
-        "metadataEpoch": state.metadata_epoch,
-        "members": members,
-    }

@@ -227,7 +227,12 @@ def s6_record_drained(state: GroupState, member: Member, drained: Iterable[str])
     ]
     for shard in newly:
         state.mark_drained(shard)
-        state.emit("drained", member, shard=shard)
+    # One "drained" event per group and version, when its last shard is drained (the event
+    # log stays readable at thousands of shards; progress per shard is on the matrix).
+    for version in sorted({shard_sort_key(s)[:2] for s in newly}):
+        shards = [s for s in state.shards.values() if shard_sort_key(s.shard_id)[:2] == version]
+        if all(s.drained for s in shards):
+            state.emit("drained", None, version=version[1], shards=len(shards), lastMember=member.member_id)
     if newly:
         bump_group_epoch(state)
 

@@ -9,6 +9,10 @@ Two kinds, so every gunicorn worker answers a scrape with the same numbers:
 * State (members and shards by state per group, pending shards, epochs, resharding state,
   sweep lag) is read from the database at scrape time by `StateCollector`, a handful of
   aggregate queries, so there are no process-local gauges to go stale or disagree.
+* Backlog (lag, pending, DLQ length per group and shard, §10) comes from `groups.shardstats`
+  at scrape time: its per-process cache (≤ 2 s) makes a scrape cost Redis at most one round
+  trip per node and group per period. Where Redis cannot be read the series are left out
+  and `rsc_shard_stats_up{group}` is 0, so an alert can tell "no lag" from "unknown".
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import hmac
 import logging
 import os
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -34,7 +39,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from coordination.model import MemberStatus
+from coordination.liveness import Liveness, liveness
+from coordination.model import LIVE_STATUSES, MemberStatus
 from groups.ratelimit import LogThrottle
 
 log = logging.getLogger("coordinator.heartbeat")
@@ -183,6 +189,9 @@ class StateCollector(Collector):
             undrained.add_metric([g.name], sealed_left.get(g.name, 0))
         yield undrained
 
+        yield from _liveness_families(groups, now)
+        yield from _backlog_families(groups)
+
         lag = GaugeMetricFamily(
             "rsc_sweep_lag_seconds", "Seconds since each periodic sweep last finished.", labels=["sweep"]
         )
@@ -190,6 +199,65 @@ class StateCollector(Collector):
             if run.last_finished_at is not None:
                 lag.add_metric([run.name], max(0.0, (now - run.last_finished_at).total_seconds()))
         yield lag
+
+
+def _liveness_families(groups: list[Any], now: datetime) -> Iterator[GaugeMetricFamily]:
+    """Live members by liveness (alive / late / expired / unknown), the admin's classifier."""
+    from members.models import Member
+
+    fam = GaugeMetricFamily(
+        "rsc_group_members_liveness",
+        "Live members by liveness: late = silent > 2 heartbeat intervals, expired = beyond the session timeout.",
+        labels=["group", "liveness"],
+    )
+    by_pk = {g.pk: g for g in groups}
+    counts: dict[tuple[int, Liveness], int] = {}
+    rows = Member.objects.filter(status__in=[s.value for s in LIVE_STATUSES]).values_list("group_id", "last_heartbeat_at")
+    for group_id, last in rows:
+        g = by_pk.get(group_id)
+        if g is not None:
+            _, alive = liveness(last, now, g.heartbeat_interval_ms, g.session_timeout_ms)
+            counts[(group_id, alive)] = counts.get((group_id, alive), 0) + 1
+    for g in groups:
+        for state in Liveness:
+            fam.add_metric([g.name, state.value], counts.get((g.pk, state), 0))
+    yield fam
+
+
+def _backlog_families(groups: list[Any]) -> Iterator[GaugeMetricFamily]:
+    """Lag, pending and DLQ length per group and shard (§10), from the cached shard statistics."""
+    from groups import shardstats
+
+    labels = ["group", "stream"]
+    up = GaugeMetricFamily("rsc_shard_stats_up", "1 when the group's shard statistics could be read from Redis.",
+                           labels=["group"])
+    group_lag = GaugeMetricFamily("rsc_group_lag", "Entries not yet delivered to the group, all live shards.", labels=labels)
+    group_pending = GaugeMetricFamily("rsc_group_pending", "Entries delivered to the group and not ACKed.", labels=labels)
+    dlq = GaugeMetricFamily("rsc_dlq_length", "Entries in the group's dead-letter streams, all live shards.", labels=labels)
+    shard_lag = GaugeMetricFamily("rsc_shard_lag", "Entries of a shard not yet delivered to the group.",
+                                  labels=[*labels, "shard"])
+    shard_pending = GaugeMetricFamily("rsc_shard_pending", "Entries of a shard delivered to the group, not ACKed.",
+                                      labels=[*labels, "shard"])
+    shard_ids: dict[int, list[str]] = {}
+    for g in groups:
+        ids = shard_ids.get(g.stream_id)
+        if ids is None:
+            ids = shard_ids[g.stream_id] = shardstats.live_shard_ids(g.stream_id)
+        stats = shardstats.shard_stats(g.name, g.stream.key_prefix, ids)
+        up.add_metric([g.name], 1 if stats.ok else 0)
+        if not stats.ok:
+            continue
+        stream = g.stream.name
+        group_lag.add_metric([g.name, stream], stats.lag or 0)
+        group_pending.add_metric([g.name, stream], stats.pending or 0)
+        dlq.add_metric([g.name, stream], stats.dlq or 0)
+        for sid in ids:
+            fig = stats.shard(sid)
+            if fig.lag is not None:
+                shard_lag.add_metric([g.name, stream, sid], fig.lag)
+            if fig.pending is not None:
+                shard_pending.add_metric([g.name, stream, sid], fig.pending)
+    yield from (up, group_lag, group_pending, dlq, shard_lag, shard_pending)
 
 
 def _registry() -> CollectorRegistry:

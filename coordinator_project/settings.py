@@ -274,3 +274,16 @@ JOIN_RATE_PER_KEY = float(os.environ.get("JOIN_RATE_PER_KEY", "50"))
 JOIN_BURST_PER_KEY = env_int("JOIN_BURST_PER_KEY", 1000)
 JOIN_RATE_PER_IP = float(os.environ.get("JOIN_RATE_PER_IP", "0"))
 JOIN_BURST_PER_IP = env_int("JOIN_BURST_PER_IP", 100)
+# --- Operator visibility (issue 10, PROTOCOL.md §10) ---------------------------
+# The shard streams are on a Redis Cluster (per-node pipelines for the shard statistics).
+STREAM_REDIS_CLUSTER = os.environ.get("STREAM_REDIS_CLUSTER", "").lower() in {"1", "true", "yes"}
+# Lag/pending/DLQ figures are cached per process this long (one round trip per node per period).
+SHARD_STATS_CACHE_SECONDS = float(os.environ.get("SHARD_STATS_CACHE_SECONDS", "2"))
+SHARD_STATS_SOCKET_TIMEOUT = float(os.environ.get("SHARD_STATS_SOCKET_TIMEOUT", "0.5"))
+# Null-lag fallback counts at most this many entries per shard (beyond: a lower bound).
+SHARD_STATS_XRANGE_LIMIT = int(os.environ.get("SHARD_STATS_XRANGE_LIMIT", "1000"))
+# Past the cache time, figures up to this much older are served while one background read
+# refreshes them (0: callers wait for the read).
+SHARD_STATS_STALE_SECONDS = float(os.environ.get("SHARD_STATS_STALE_SECONDS", "3"))
+# The admin shows times to the second (coordinator_project/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["coordinator_project.formats"]

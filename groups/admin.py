@@ -6,22 +6,31 @@ tokens or history: read-only everywhere.
 """
 from __future__ import annotations
 
+import html
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
-from assignments.matrix import build_matrix, liveness
+from assignments.matrix import Matrix, ShardColumn, build_matrix
 from assignments.models import ShardAssignment
+from coordination.liveness import Liveness
 from coordination.model import LIVE_STATUSES
+from groups import shardstats
+from groups.describe import shard_state
 from groups.models import Event, Group, ShardVersion, Stream, SweepRun, VersionState
+from groups.positions import reset_position
 from groups.services import (
     GROUP_CONFIG_FIELDS,
     ServiceError,
@@ -29,7 +38,7 @@ from groups.services import (
     update_group_config,
     validate_group_config,
 )
-from members.models import Member
+from groups.templatetags.rsc_admin import when
 
 try:  # written by the resharding work; the action is left out if it is not there
     from groups.resharding import start_reshard
@@ -37,6 +46,16 @@ except ImportError:  # pragma: no cover - depends on the tree
     start_reshard = None
 
 _LIVE = [s.value for s in LIVE_STATUSES]
+
+
+def when_column(attr: str, description: str) -> Any:
+    """A list/detail column: the time to the second plus how long ago ("12 s ago")."""
+
+    @admin.display(description=description, ordering=attr)
+    def column(self: Any, obj: Any) -> str:
+        return when(getattr(obj, attr))
+
+    return column
 
 
 def _actor(request: HttpRequest) -> str:
@@ -111,16 +130,17 @@ class ReshardForm(forms.Form):
 class StreamAdmin(ReadOnlyAdmin):
     list_display = (
         "name", "state", "write_version", "shard_count", "versions_summary", "drain_summary",
-        "metadata_epoch", "state_changed_at",
+        "metadata_epoch", "state_since",
     )
     list_filter = ("state",)
     search_fields = ("name",)
     inlines = [ShardVersionInline]
     fields = (
         "name", "key_prefix", "state", "write_version", "shard_count", "metadata_epoch",
-        "created_at", "state_changed_at", "drain_table",
+        "created_at", "state_since", "drain_table",
     )
     readonly_fields = fields
+    state_since = when_column("state_changed_at", "state since")
     actions = ["start_reshard_action"] if start_reshard is not None else []
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Stream]:
@@ -161,6 +181,50 @@ class StreamAdmin(ReadOnlyAdmin):
 
     def has_reshard_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("groups.change_stream")
+
+    def get_urls(self) -> list[Any]:
+        return [
+            path("<path:object_id>/reshard/", self.admin_site.admin_view(self.reshard_view),
+                 name="groups_stream_reshard"),
+            *super().get_urls(),
+        ]
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        extra = {"can_reshard": start_reshard is not None and self.has_reshard_permission(request)}
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
+
+    def reshard_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The stream page's Reshard button: asks for the count, then calls start_reshard."""
+        stream = self.get_object(request, object_id)
+        if stream is None:
+            return self._get_obj_does_not_exist_redirect(request, self.model._meta, object_id)
+        if start_reshard is None or not self.has_reshard_permission(request):
+            raise PermissionDenied
+        form = ReshardForm(request.POST if request.method == "POST" else None)
+        if form.is_bound and form.is_valid():
+            change_url = reverse("admin:groups_stream_change", args=[stream.pk])
+            try:
+                version = start_reshard(stream.name, form.cleaned_data["shards"], actor=_actor(request))
+            except ServiceError as exc:
+                self.message_user(request, f"Reshard of {stream.name} refused: {exc}", messages.ERROR)
+                return HttpResponseRedirect(change_url)
+            self.message_user(
+                request,
+                f"Reshard of {stream.name} started: version {version.version} with "
+                f"{version.shard_count} shards; the sweep seals and drains the old version.",
+                messages.SUCCESS,
+            )
+            return HttpResponseRedirect(change_url)
+        return TemplateResponse(request, "admin/groups/stream/reshard.html", {
+            **self.admin_site.each_context(request),
+            "title": f"Reshard {stream.name}",
+            "opts": self.model._meta,
+            "stream": stream,
+            "current": self.shard_count(stream),
+            "form": form,
+        })
 
     @admin.action(description="Start a reshard (asks for the new shard count)", permissions=["reshard"])
     def start_reshard_action(self, request: HttpRequest, queryset: QuerySet[Stream]) -> HttpResponse | None:
@@ -213,26 +277,6 @@ class GroupForm(forms.ModelForm):
         return data
 
 
-class MemberInline(ReadOnlyInline):
-    """Live members of the group (tombstones are on the Members page)."""
-
-    model = Member
-    fields = ("member_id", "status", "member_epoch", "client_id", "heartbeat", "revocation_deadline")
-    readonly_fields = fields
-    verbose_name_plural = "live members"
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Member]:
-        return super().get_queryset(request).filter(status__in=_LIVE).select_related("group").order_by("member_id")
-
-    @admin.display(description="last heartbeat")
-    def heartbeat(self, obj: Member) -> str:
-        g = obj.group
-        seconds, alive = liveness(obj.last_heartbeat_at, timezone.now(), g.heartbeat_interval_ms, g.session_timeout_ms)
-        if seconds is None:
-            return "never"
-        return format_html('<span class="rsc-{}">{} s ago · {}</span>', alive.value, f"{seconds:.1f}", alive.value)
-
-
 @admin.register(Group)
 class GroupAdmin(admin.ModelAdmin):
     form = GroupForm
@@ -243,7 +287,7 @@ class GroupAdmin(admin.ModelAdmin):
     list_filter = ("stream",)
     search_fields = ("name", "stream__name")
     list_select_related = ("stream",)
-    inlines = [MemberInline]
+    actions = ["reset_position_action"]
     epoch_fields = ("group_epoch", "assignment_epoch", "metadata_epoch", "created_at")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Group]:
@@ -315,6 +359,16 @@ class GroupAdmin(admin.ModelAdmin):
             *super().get_urls(),
         ]
 
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        group = self.get_object(request, object_id)
+        if group is not None and request.method == "GET":
+            now = timezone.now()
+            matrix = build_matrix(group, now, full=False)
+            extra_context = {**(extra_context or {}), **group_page_context(group, matrix, now, request)}
+        return super().change_view(request, object_id, form_url, extra_context)
+
     def matrix_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         group = self.get_object(request, object_id)
         if group is None:
@@ -324,28 +378,189 @@ class GroupAdmin(admin.ModelAdmin):
         now = timezone.now()
         matrix = build_matrix(group, now)
         refresh = request.GET.get("refresh", "")
-        events = Event.objects.filter(group=group).order_by("-created_at", "-id")[:15]
+        shard_filter = ShardFilter.from_query(request.GET)
+        shards = [c for c in matrix.columns if shard_filter.keep(c)]
+        shard_page = Paginator(shards, SHARDS_PER_PAGE).get_page(request.GET.get("page"))
         return TemplateResponse(request, "admin/groups/group/matrix.html", {
             **self.admin_site.each_context(request),
+            **group_page_context(group, matrix, now, request),
             "title": f"Assignment matrix: {group.name}",
             "opts": self.model._meta,
             "original": group,
-            "group": group,
-            "matrix": matrix,
-            "totals": matrix.totals,
-            "events": events,
-            "now": now,
+            "shard_filter": shard_filter,
+            "filtered_shards": len(shards),
+            "shard_page": shard_page,
+            "heat_grid": heat_grid(shards),
             "refresh": int(refresh) if refresh.isdigit() and 0 < int(refresh) <= 300 else None,
-            "members_url": reverse("admin:members_member_changelist") + f"?group__id__exact={group.pk}",
         })
+
+    # --- position reset (like kafka-consumer-groups --reset-offsets) ---------------------------
+    def has_reset_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("groups.change_group")
+
+    @admin.action(description="Reset position (asks where to; refused while members are live)",
+                  permissions=["reset"])
+    def reset_position_action(self, request: HttpRequest, queryset: QuerySet[Group]) -> HttpResponse | None:
+        if not self.has_reset_permission(request):
+            raise PermissionDenied
+        groups = list(queryset.select_related("stream"))
+        if len(groups) != 1:
+            self.message_user(request, "Select exactly one group to reset.", messages.WARNING)
+            return None
+        group = groups[0]
+        form = ResetPositionForm(request.POST if "to" in request.POST else None, group=group)
+        plan = None
+        if form.is_bound and form.is_valid():
+            confirmed = request.POST.get("confirm") == "yes"
+            try:
+                plan = reset_position(group.name, form.cleaned_data["to"], shard=form.cleaned_data["shard"] or None,
+                                      dry_run=not confirmed, actor=_actor(request))
+            except ServiceError as exc:
+                self.message_user(request, f"Reset of {group.name} refused: {exc}", messages.ERROR)
+                return None
+            if confirmed:
+                self.message_user(request, "; ".join(plan.lines()[:1]) + ".", messages.SUCCESS)
+                return None
+        return TemplateResponse(request, "admin/groups/group/reset_position.html", {
+            **self.admin_site.each_context(request),
+            "title": f"Reset the position of {group.name}",
+            "opts": self.model._meta,
+            "group": group,
+            "form": form,
+            "plan": plan,
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+        })
+
+
+class ResetPositionForm(forms.Form):
+    to = forms.CharField(
+        label="Reset to", initial="latest",
+        help_text="earliest, latest, an entry ID (delivery resumes after it) or an ISO date-time (UTC if no zone)",
+    )
+    shard = forms.CharField(required=False, label="Only shard", help_text="a shard id; empty: every live shard")
+
+    def __init__(self, *args: Any, group: Group, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.group = group
+
+
+# --- the group page and the matrix: summaries, filters, paging ---------------------------------
+SHARDS_PER_PAGE = 100
+MEMBERS_PER_PAGE = 100
+SHARD_STATES = ("granted", "revoking", "unowned", "pending", "sealed", "drained", "waiting")
+
+
+@dataclass(frozen=True)
+class ShardFilter:
+    member: str = ""
+    state: str = ""
+    version: str = ""
+    lagging: bool = False
+
+    @classmethod
+    def from_query(cls, q: Any) -> ShardFilter:
+        state = q.get("state", "")
+        return cls(member=q.get("member", "").strip(), state=state if state in SHARD_STATES else "",
+                   version=q.get("version", "").strip(), lagging=q.get("lagging") == "1")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.member or self.state or self.version or self.lagging)
+
+    def keep(self, c: ShardColumn) -> bool:
+        if self.member and self.member not in (c.owner, c.target):
+            return False
+        if self.version and str(c.version) != self.version:
+            return False
+        if self.lagging and not c.lag:
+            return False
+        if self.state == "pending":
+            return c.target is not None and (c.owner != c.target or c.revoking)
+        if self.state == "sealed":
+            return c.sealed and not c.drained
+        if self.state == "waiting":
+            return not c.drained and not c.assignable
+        return not self.state or shard_state(c) == self.state
+
+
+def heat_grid(columns: list[ShardColumn]) -> str:
+    """Every (filtered) shard as one small tile coloured by lag, grouped by version.
+
+    Built as one string with the stdlib's escape: thousands of tiles through the template
+    engine or format_html cost most of the page's time.
+    """
+    out: list[str] = []
+    version = None
+    for c in columns:
+        if c.version != version:
+            if version is not None:
+                out.append("</div>")
+            version = c.version
+            out.append(f'<div class="rsc-grid" data-version="{version}"><span class="rsc-grid-v">v{version}</span>')
+        kind = "drained" if c.drained else ("revoking" if c.revoking else ("unowned" if c.owner is None else ""))
+        lag = "?" if c.lag is None else f"{c.lag}{'' if c.lag_exact else '+'}"
+        pending = "?" if c.pending_entries is None else c.pending_entries
+        owner = html.escape(c.owner or "")
+        out.append(
+            f'<a class="t {c.heat} {kind}" href="?member={quote(c.owner or "")}" title="{html.escape(c.shard_id)}'
+            f' · {c.status} · owner {owner or "—"} · lag {lag} · pending {pending}"></a>'
+        )
+    if version is not None:
+        out.append("</div>")
+    return mark_safe("".join(out))  # noqa: S308 - every value is escaped above
+
+
+def group_events(group: Group, limit: int = 20) -> list[Event]:
+    """The group's events and its stream's (reshard started, sealed, retired)."""
+    return list(
+        Event.objects.filter(Q(group=group) | Q(group__isnull=True, stream_id=group.stream_id))
+        .select_related("group", "stream").order_by("-created_at", "-id")[:limit]
+    )
+
+
+def group_page_context(group: Group, matrix: Matrix, now: Any, request: HttpRequest) -> dict[str, Any]:
+    stats = matrix.stats
+    rows = list(matrix.rows)
+    q = request.GET.get("mq", "").strip()
+    alive = request.GET.get("liveness", "")
+    if q:
+        rows = [r for r in rows if q in r.member_id or q in r.client_id]
+    if alive in {v.value for v in Liveness}:
+        rows = [r for r in rows if r.liveness == alive]
+    late = sum(r.liveness in (Liveness.LATE, Liveness.EXPIRED, Liveness.UNKNOWN) for r in matrix.rows)
+    dlq_shards = sorted((c for c in matrix.columns if c.dlq), key=lambda c: -(c.dlq or 0))[:20]
+    dlq_entries, dlq_error = ([], None)
+    if stats is not None and stats.ok and dlq_shards:
+        dlq_entries, dlq_error = shardstats.newest_dlq_entries(group.name, group.stream.key_prefix, stats)
+    return {
+        "group": group,
+        "matrix": matrix,
+        "totals": matrix.totals,
+        "stats": stats,
+        "late_members": late,
+        "member_page": Paginator(rows, MEMBERS_PER_PAGE).get_page(request.GET.get("mpage")),
+        "member_query": q,
+        "member_liveness": alive,
+        "liveness_choices": [v.value for v in Liveness],
+        "shard_states": SHARD_STATES,
+        "waits_for": matrix.waits_for(group.stream.state),
+        "dlq_shards": dlq_shards,
+        "dlq_entries": dlq_entries,
+        "dlq_error": dlq_error,
+        "events": group_events(group),
+        "now": now,
+        "members_url": reverse("admin:members_member_changelist") + f"?group__id__exact={group.pk}",
+        "stream_url": reverse("admin:groups_stream_change", args=[group.stream_id]),
+    }
 
 
 # --- event log -----------------------------------------------------------------------------------
 @admin.register(Event)
 class EventAdmin(ReadOnlyAdmin):
     list_display = (
-        "created_at", "kind", "group", "stream", "member_id", "group_epoch", "member_epoch", "actor", "summary",
+        "created", "kind", "group", "stream", "member_id", "group_epoch", "member_epoch", "actor", "summary",
     )
+    created = when_column("created_at", "time")
     list_filter = ("kind", "group", "stream")
     search_fields = ("member_id", "actor", "group__name", "stream__name")
     list_select_related = ("group", "stream")
@@ -364,9 +579,11 @@ class EventAdmin(ReadOnlyAdmin):
 # --- sweeps --------------------------------------------------------------------------------------
 @admin.register(SweepRun)
 class SweepRunAdmin(ReadOnlyAdmin):
-    list_display = ("name", "last_started_at", "last_finished_at", "lag", "last_result")
-    readonly_fields = ("name", "last_started_at", "last_finished_at", "lag", "last_result")
+    list_display = ("name", "started", "finished", "lag", "last_result")
+    readonly_fields = ("name", "started", "finished", "lag", "last_result")
     fields = readonly_fields
+    started = when_column("last_started_at", "last started")
+    finished = when_column("last_finished_at", "last finished")
 
     @admin.display(description="seconds since last finished")
     def lag(self, obj: SweepRun) -> str:

@@ -3,4 +3,4 @@ from django.apps import AppConfig
 
 class GroupsConfig(AppConfig):
     name = "groups"
-    verbose_name = "Streams and groups"
+    verbose_name = "Streams and consumer groups"

@@ -84,6 +84,10 @@ class Group(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
+    class Meta:
+        # "Groups" alone reads like django.contrib.auth's groups in the admin.
+        verbose_name = "consumer group"
+
     def __str__(self) -> str:
         return self.name
 

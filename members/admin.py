@@ -18,9 +18,9 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from assignments.matrix import Liveness, liveness
+from coordination.liveness import LATE_AFTER_INTERVALS, Liveness, liveness
 from coordination.model import LIVE_STATUSES
-from groups.admin import ReadOnlyAdmin
+from groups.admin import ReadOnlyAdmin, when_column
 from groups.services import ServiceError
 from members import services
 from members.models import Member
@@ -31,7 +31,7 @@ FENCE_PERMISSION = "members.fence_member"
 
 
 class LivenessFilter(admin.SimpleListFilter):
-    """alive / late (> 2 heartbeat intervals) / expired (> session timeout), per group's settings."""
+    """alive / late / expired, per group's settings: coordination.liveness's rule as SQL."""
 
     title = "heartbeat"
     parameter_name = "liveness"
@@ -44,7 +44,7 @@ class LivenessFilter(admin.SimpleListFilter):
             return queryset
         now = timezone.now()
         late_at = ExpressionWrapper(
-            F("last_heartbeat_at") + 2 * F("group__heartbeat_interval_ms") * _ONE_MS, output_field=DateTimeField()
+            F("last_heartbeat_at") + LATE_AFTER_INTERVALS * F("group__heartbeat_interval_ms") * _ONE_MS, output_field=DateTimeField()
         )
         expired_at = ExpressionWrapper(
             F("last_heartbeat_at") + F("group__session_timeout_ms") * _ONE_MS, output_field=DateTimeField()
@@ -71,10 +71,12 @@ class MemberAdmin(ReadOnlyAdmin):
     actions = ["fence_members", "remove_members"]
     fields = (
         "group", "member_id", "client_id", "status", "member_epoch", "previous_member_epoch", "heartbeat",
-        "joined_at", "last_heartbeat_at", "revocation_deadline", "rebalance_timeout_ms",
+        "joined", "last_heartbeat", "revocation_deadline", "rebalance_timeout_ms",
         "last_reported_owned", "held_shards", "fenced_by", "fenced_reason",
     )
     readonly_fields = fields
+    joined = when_column("joined_at", "joined")
+    last_heartbeat = when_column("last_heartbeat_at", "last heartbeat")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Member]:
         return super().get_queryset(request).annotate(

@@ -2,8 +2,8 @@
 
 Headless Chromium (selenium) talks to pytest-django's live server on the test database;
 the members heartbeat over HTTP against the same server. Screenshots land in
-var/screenshots/ (or $RSC_SCREENSHOT_DIR); with RSC_UPDATE_DOCS_SCREENSHOTS=1 the two used by
-the docs are also copied to docs/admin-matrix.png and docs/admin-fenced.png.
+var/screenshots/ (or $RSC_SCREENSHOT_DIR); with RSC_UPDATE_DOCS_SCREENSHOTS=1 the ones used by
+the docs (DOCS_SCREENSHOTS) are also copied to docs/.
 """
 from __future__ import annotations
 
@@ -31,6 +31,10 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
+DOCS_SCREENSHOTS = (
+    "admin-matrix.png", "admin-fenced.png", "admin-dashboard.png", "admin-group.png", "admin-reshard.png",
+    "admin-matrix-large.png",
+)
 PASSWORD = "browser-test-password"
 WAIT_S = 15
 
@@ -76,7 +80,7 @@ def shoot(driver: Any, name: str) -> Path:
     height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.set_window_size(1760, min(max(int(height) + 120, 700), 2400))
     driver.save_screenshot(str(path))
-    if os.environ.get("RSC_UPDATE_DOCS_SCREENSHOTS") == "1" and name in ("admin-matrix.png", "admin-fenced.png"):
+    if os.environ.get("RSC_UPDATE_DOCS_SCREENSHOTS") == "1" and name in DOCS_SCREENSHOTS:
         shutil.copyfile(path, ROOT / "docs" / name)
     return path
 
@@ -146,3 +150,131 @@ def test_operator_reads_the_matrix_and_fences_a_member(browser: Any, live_server
         assert len(row.find_elements(By.CSS_SELECTOR, "td.cell-granted.target")) == 3
     assert "fenced" in browser.find_element(By.ID, "recent-events").text
     shoot(browser, "admin-matrix-after-fence.png")
+
+
+def _backlog(stream: str, group: str) -> None:
+    """Some lag on every shard, two entries pending on shard 0, one poison message in its DLQ."""
+    import redis
+    from django.conf import settings
+
+    from dataplane.routing import ShardKeys
+
+    r = redis.Redis.from_url(settings.STREAM_REDIS_URL, decode_responses=True)
+    for i in range(6):
+        keys = ShardKeys(f"{stream}:1:{i}")
+        for n in range(3 + 40 * i):
+            r.xadd(keys.stream, {"key": f"k{n}", "n": str(n)})
+    k0 = ShardKeys(f"{stream}:1:0")
+    r.xgroup_create(k0.stream, group, id="0")
+    r.xreadgroup(group, "c", {k0.stream: ">"}, count=2)
+    r.xadd(k0.dlq(group), {"dlq:error": "ValueError: price must be positive", "dlq:deliveries": "5",
+                           "dlq:id": "1764700000000-0", "dlq:shard": k0.shard_id, "dlq:group": group,
+                           "key": "order-17", "price": "-3"})
+    r.close()
+
+
+def _drop_keys(stream: str) -> None:
+    import redis
+    from django.conf import settings
+
+    r = redis.Redis.from_url(settings.STREAM_REDIS_URL)
+    for key in r.scan_iter(f"rsc:{{{stream}:*"):
+        r.delete(key)
+    r.close()
+
+
+def test_operator_reads_backlog_on_dashboard_group_page_and_matrix_then_reshards(browser: Any, live_server: Any):
+    from groups import shardstats
+
+    shardstats.clear_cache()
+    # Long intervals: the members beat only when the test says so, and must not turn late meanwhile.
+    fx = make_group("payments", "g1", shards=6, heartbeat_interval_ms=30_000, session_timeout_ms=120_000)
+    User.objects.create_superuser("root", password=PASSWORD)
+    members = [HttpMember(live_server.url, fx.key, m) for m in ("alpha", "bravo", "charlie")]
+    for _ in range(4):
+        for m in members:
+            assert m.beat().status_code == 200
+    _backlog("payments", "g1")
+    group = Group.objects.get(name="g1")
+    wait = WebDriverWait(browser, WAIT_S)
+    try:
+        browser.get(f"{live_server.url}/admin/login/?next=/admin/")
+        browser.find_element(By.NAME, "username").send_keys("root")
+        browser.find_element(By.NAME, "password").send_keys(PASSWORD)
+        browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+        dash = wait.until(ec.presence_of_element_located((By.ID, "dashboard-groups")))
+        row = dash.find_element(By.XPATH, ".//tr[td/a[normalize-space()='g1']]")
+        lag = sum(3 + 40 * i for i in range(6)) - 2
+        assert f"{lag:,}" in row.text and "3" in row.text  # lag, 3 live members
+        assert "Consumer groups" in browser.find_element(By.ID, "content-main").text
+        shoot(browser, "admin-dashboard.png")
+
+        row.find_element(By.LINK_TEXT, "g1").click()
+        wait.until(ec.presence_of_element_located((By.ID, "member-summary")))
+        assert browser.find_element(By.ID, "total-lag").text == f"{lag:,}"
+        assert browser.find_element(By.ID, "total-pending").text == "2"
+        assert "ValueError: price must be positive" in browser.find_element(By.ID, "dlq-entries").text
+        assert "alive" in browser.find_element(By.ID, "summary-alpha").text
+        shoot(browser, "admin-group.png")
+
+        browser.find_element(By.CSS_SELECTOR, ".object-tools a[href$='/matrix/']").click()
+        wait.until(ec.presence_of_element_located((By.ID, "shard-grid")))
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#shard-grid a.t")) == 6
+        browser.find_element(By.CSS_SELECTOR, "#shard-filter input[name=lagging]").click()
+        Select(browser.find_element(By.CSS_SELECTOR, "#shard-filter select[name=state]")).select_by_value("granted")
+        browser.find_element(By.CSS_SELECTOR, "#shard-filter input[type=submit]").click()
+        wait.until(ec.url_contains("lagging=1"))
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#shard-table tbody tr")) == 6
+        shoot(browser, "admin-matrix-filtered.png")
+
+        # The stream page's Reshard button, then the matrix explains what the reshard waits for.
+        browser.find_element(By.CSS_SELECTOR, "#matrix-summary a").click()
+        browser.find_element(By.ID, "reshard-button").click()
+        browser.find_element(By.NAME, "shards").send_keys("12")
+        browser.find_element(By.ID, "reshard-submit").click()
+        message = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "ul.messagelist li.success")))
+        assert "version 2 with 12 shards" in message.text
+        from groups.sweeps import run_all_sweeps
+
+        run_all_sweeps()  # seal v1
+        for _ in range(2):
+            for m in members:
+                assert m.beat().status_code == 200
+        browser.get(f"{live_server.url}/admin/groups/group/{group.pk}/matrix/")
+        panel = wait.until(ec.presence_of_element_located((By.ID, "reshard-status")))
+        assert "sealed shards still to drain" in panel.text and "wait for their parents" in panel.text
+        assert "version_sealed" in browser.find_element(By.ID, "recent-events").text
+        shoot(browser, "admin-reshard.png")
+    finally:
+        _drop_keys("payments")
+        shardstats.clear_cache()
+
+
+def test_matrix_of_1000_members_and_4096_shards_is_readable(browser: Any, live_server: Any):
+    import redis
+    from django.conf import settings
+
+    from bench.bigroup import build_settled_group, drop_backlog
+    from groups import shardstats
+
+    shardstats.clear_cache()
+    r = redis.Redis.from_url(settings.STREAM_REDIS_URL)
+    group = build_settled_group("large", "big", 1000, 4096, backlog=r)
+    User.objects.create_superuser("root", password=PASSWORD)
+    try:
+        browser.get(f"{live_server.url}/admin/login/?next=/admin/groups/group/{group.pk}/matrix/")
+        browser.find_element(By.NAME, "username").send_keys("root")
+        browser.find_element(By.NAME, "password").send_keys(PASSWORD)
+        browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+        WebDriverWait(browser, 60).until(ec.presence_of_element_located((By.ID, "shard-grid")))
+        assert not browser.find_elements(By.ID, "assignment-matrix")
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#member-summary tbody tr")) == 100
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#shard-table tbody tr")) == 100
+        # The page fits a screen's width: no 4,096-column table to scroll through.
+        width = browser.execute_script("return document.documentElement.scrollWidth")
+        assert width <= 1800, width
+        shoot(browser, "admin-matrix-large.png")
+    finally:
+        drop_backlog(r, "large")
+        r.close()
+        shardstats.clear_cache()

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,6 +47,27 @@ def make_group(stream: str = "orders", group: str = "g1", shards: int = 4, **con
     create_group(group, stream, **config)
     return GroupFixture(stream, group, create_api_key(group=group), create_api_key(stream=stream),
                         create_api_key(stream=stream, scope="admin"))
+
+
+@contextmanager
+def group_on_fresh_stream(prefix: str, group: str, shards: int = 4, **config: Any) -> Iterator[GroupFixture]:
+    """A group on a uniquely named stream; afterwards its Redis keys and the per-process shard
+    figures are dropped (no FLUSHDB: other tests share the Redis database)."""
+    import redis
+    from django.conf import settings
+
+    from groups import shardstats
+
+    shardstats.clear_cache()
+    stream = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    try:
+        yield make_group(stream, group.format(stream=stream), shards=shards, **config)
+    finally:
+        client = redis.Redis.from_url(settings.STREAM_REDIS_URL)
+        for key in client.scan_iter(f"rsc:{{{stream}:*"):
+            client.delete(key)
+        client.close()
+        shardstats.clear_cache()
 
 
 @pytest.fixture

@@ -199,8 +199,8 @@ def test_describe_group(api, hb: Hb, orders):
     assert (d["groupEpoch"], d["assignmentEpoch"], d["metadataEpoch"]) == (3, 3, 1)
     a = d["members"][0]
     assert a["memberId"] == "a" and a["memberEpoch"] == body["memberEpoch"]
-    assert set(a) == {"memberId", "clientId", "memberEpoch", "state", "assignedShards", "pendingShards",
-                      "revokingShards", "targetShards", "lastHeartbeatAt"}
+    assert set(a) == {"memberId", "instanceId", "clientId", "memberEpoch", "state", "liveness", "assignedShards",
+                      "pendingShards", "revokingShards", "targetShards", "lastHeartbeatAt", "sinceLastHeartbeatMs"}
     assert len(a["targetShards"]) == 2 and len(a["assignedShards"]) == 4
 
 

@@ -359,6 +359,20 @@ def test_s6_drained_report_only_counts_for_sealed_shards_the_member_holds():
     assert r.status == "REVOKE_PENDING" and r.assignment.revoking == ("orders:1:0",)
 
 
+def test_s6_one_drained_event_per_group_and_version_when_its_last_shard_drains():
+    state = make_group(3)
+    a = Client(state, "a")
+    a.join()
+    for slot in state.shards.values():
+        slot.sealed = True
+    a.send(drained_shards=("orders:1:0", "orders:1:1"))
+    assert [e.kind for e in state.changes.events if e.kind == "drained"] == []  # one shard still to go
+    a.send(drained_shards=("orders:1:2",))
+    drained = [e for e in state.changes.events if e.kind == "drained"]
+    assert len(drained) == 1 and drained[0].member_id == ""
+    assert drained[0].detail == {"version": 1, "shards": 3, "lastMember": "a"}
+
+
 def test_request_defaults_are_a_regular_heartbeat():
     req = HeartbeatRequest(member_id="m", member_epoch=1)
     assert req.owned_shards is None and req.revoking_shards == ()

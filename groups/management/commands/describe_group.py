@@ -1,19 +1,36 @@
+"""`manage.py describe_group G`: like `kafka-consumer-groups --describe` (§10)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from assignments.services import describe_group
+from groups.describe import describe_group
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """Left-aligned columns two spaces apart, `-` for empty values (as kafka-consumer-groups)."""
+    cells = [list(headers)] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+
+
+def _seconds(ms: int | None) -> str | None:
+    return None if ms is None else f"{ms / 1000:.1f}"
 
 
 class Command(BaseCommand):
-    help = "Show a group's epochs, members and their shards."
+    help = "Show a group's shards (owner, last-delivered ID, lag, pending, DLQ) and members."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name")
-        parser.add_argument("--json", action="store_true")
+        parser.add_argument("--json", action="store_true", help="print the describe API document")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         doc = describe_group(opts["name"])
@@ -22,19 +39,39 @@ class Command(BaseCommand):
         if opts["json"]:
             self.stdout.write(json.dumps(doc, indent=2))
             return
-        self.stdout.write(
-            f"group {doc['group']} on stream {doc['stream']} ({doc['streamState']}): {doc['state']}  "
+        out = self.stdout.write
+        out(
+            f"GROUP {doc['group']}  STREAM {doc['stream']} ({doc['streamState']})  STATE {doc['state']}  "
             f"groupEpoch={doc['groupEpoch']} assignmentEpoch={doc['assignmentEpoch']} "
             f"metadataEpoch={doc['metadataEpoch']}"
         )
+        redis, totals = doc["redis"], doc["totals"]
+        if redis["ok"]:
+            out(f"TOTAL LAG {totals['lag']}  PENDING {totals['pending']}  DLQ {totals['dlq']}  (as of {redis['asOf']})")
+        else:
+            out(f"TOTAL LAG -  PENDING -  DLQ -  (Redis not readable: {redis['error']})")
+        out("")
+        out("\n".join(table(
+            ("SHARD", "STATE", "OWNER", "CLIENT", "LAST-DELIVERED", "LAG", "PENDING", "DLQ"),
+            [
+                (s["shardId"], s["state"] + (" (sealed)" if s["sealed"] and s["state"] != "drained" else ""),
+                 s["owner"], s["clientId"], s["lastDeliveredId"],
+                 None if s["lag"] is None else f"{s['lag']}{'' if s['lagExact'] else '+'}",
+                 s["pending"], s["dlqLength"])
+                for s in doc["shards"]
+            ],
+        )))
+        out("")
         if not doc["members"]:
-            self.stdout.write("  no live members")
-        for m in doc["members"]:
-            self.stdout.write(
-                f"  {m['memberId']:<24} epoch={m['memberEpoch']:<5} {m['state']:<9} "
-                f"assigned={len(m['assignedShards'])} pending={len(m['pendingShards'])} "
-                f"revoking={len(m['revokingShards'])} last={m['lastHeartbeatAt']}"
-            )
-            for label in ("assignedShards", "pendingShards", "revokingShards"):
-                if m[label]:
-                    self.stdout.write(f"      {label}: {', '.join(m[label])}")
+            out("no live members")
+            return
+        out("\n".join(table(
+            ("MEMBER", "INSTANCE", "CLIENT", "EPOCH", "STATE", "ASSIGNED", "PENDING", "REVOKING",
+             "SECONDS-SINCE-HEARTBEAT", "LIVENESS"),
+            [
+                (m["memberId"], m["instanceId"], m["clientId"], m["memberEpoch"], m["state"],
+                 len(m["assignedShards"]), len(m["pendingShards"]), len(m["revokingShards"]),
+                 _seconds(m["sinceLastHeartbeatMs"]), m["liveness"])
+                for m in doc["members"]
+            ],
+        )))

@@ -1,0 +1,111 @@
+"""The describe document of a group (GET /api/v1/groups/{group}, `describe_group`), §10.
+
+What `kafka-consumer-groups --describe` shows: per member its shards and how long since its
+last heartbeat; per live shard its owner, last-delivered ID, lag, pending and DLQ length
+(from `groups.shardstats`, cached ≤ 2 s), and the group's totals. Read-only, no lock: a
+snapshot of committed rows plus Redis figures at most a cache period old.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from assignments.store import load_state
+from coordination import engine
+from coordination.liveness import liveness
+from coordination.model import GroupState, ShardSlot, shard_sort_key
+from groups import shardstats
+from groups.models import Group
+
+
+def shard_state(slot: ShardSlot | Any) -> str:
+    """One word per shard, as `rsc_group_shards` counts them: drained, revoking, granted, unowned.
+
+    Anything with `drained`, `owner` and `revoking` (a core slot, a matrix column)."""
+    if slot.drained:
+        return "drained"
+    if slot.owner is None:
+        return "unowned"
+    return "revoking" if slot.revoking else "granted"
+
+
+def _ms_since(then: datetime | None, now: datetime) -> int | None:
+    return None if then is None else max(0, int((now - then).total_seconds() * 1000))
+
+
+def describe_document(group: Group, state: GroupState, stats: shardstats.GroupStats, now: datetime) -> dict[str, Any]:
+    # Natural shard order computed once; member lists sort by rank (thousands of shards).
+    keys = {sid: shard_sort_key(sid) for sid in state.shards}
+    ordered = sorted(keys, key=keys.__getitem__)
+    rank = {sid: i for i, sid in enumerate(ordered)}
+
+    def in_order(shards: set[str] | frozenset[str]) -> list[str]:
+        return sorted(shards, key=rank.__getitem__)
+
+    members = []
+    by_id = {}
+    for m in sorted(state.live_members(), key=lambda m: m.member_id):
+        granted = state.granted_to(m.member_id)
+        target = state.target_of(m.member_id)
+        _, alive = liveness(m.last_heartbeat_at, now, state.heartbeat_interval_ms, state.session_timeout_ms)
+        by_id[m.member_id] = m
+        members.append({
+            "memberId": m.member_id,
+            # Static membership (§9) adds instance ids to members; null until it does.
+            "instanceId": getattr(m, "instance_id", None),
+            "clientId": m.client_id,
+            "memberEpoch": m.member_epoch,
+            "state": m.status.value,
+            "liveness": alive.value,
+            "assignedShards": in_order(granted),
+            "pendingShards": in_order(target - granted),
+            "revokingShards": in_order(state.revoking_from(m.member_id)),
+            "targetShards": in_order(target),
+            "lastHeartbeatAt": m.last_heartbeat_at.isoformat() if m.last_heartbeat_at else None,
+            "sinceLastHeartbeatMs": _ms_since(m.last_heartbeat_at, now),
+        })
+    shards = []
+    for sid in ordered:
+        slot = state.shards[sid]
+        owner = by_id.get(slot.owner) if slot.owner else None
+        fig = stats.shard(slot.shard_id)
+        shards.append({
+            "shardId": slot.shard_id,
+            "version": keys[sid][1],
+            "state": shard_state(slot),
+            "sealed": slot.sealed,
+            "owner": slot.owner,
+            "clientId": owner.client_id if owner else None,
+            "instanceId": getattr(owner, "instance_id", None),
+            "lag": fig.lag,
+            "lagExact": fig.lag_exact,
+            "pending": fig.pending,
+            "lastDeliveredId": fig.last_delivered_id,
+            "entriesRead": fig.entries_read,
+            "dlqLength": fig.dlq_length,
+        })
+    return {
+        "group": group.name,
+        "stream": group.stream.name,
+        "state": engine.group_phase(state).value,
+        "streamState": group.stream.state,
+        "groupEpoch": state.group_epoch,
+        "assignmentEpoch": state.assignment_epoch,
+        "metadataEpoch": state.metadata_epoch,
+        "members": members,
+        "shards": shards,
+        "totals": {"lag": stats.lag, "pending": stats.pending, "dlq": stats.dlq},
+        "redis": stats.redis_doc(),
+    }
+
+
+def describe_group(name: str, now: datetime | None = None) -> dict[str, Any] | None:
+    """GET /api/v1/groups/{group} and `describe_group`: who holds what, how far behind."""
+    group = Group.objects.select_related("stream").filter(name=name).first()
+    if group is None:
+        return None
+    state, _ = load_state(group)
+    stats = shardstats.group_shard_stats(group)
+    return describe_document(group, state, stats, now or timezone.now())

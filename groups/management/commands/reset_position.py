@@ -1,0 +1,38 @@
+"""`manage.py reset_position G --to earliest|latest|ID|ISO-time [--shard S] [--dry-run]`."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from groups.management.commands.reshard import default_actor
+from groups.positions import reset_position
+from groups.services import ServiceError
+
+
+class Command(BaseCommand):
+    help = (
+        "Set a group's last-delivered ID on its live shards (like kafka-consumer-groups --reset-offsets): "
+        "XGROUP SETID, or XGROUP CREATE where the group has not read a shard yet. Refused while the "
+        "group has live members."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("group")
+        parser.add_argument(
+            "--to", required=True,
+            help="earliest (all entries again), latest (only new ones), an entry ID (resume after it) "
+                 "or an ISO-8601 date-time (resume at the first entry at or after it; UTC if no zone)",
+        )
+        parser.add_argument("--shard", help="only this shard id (<stream>:<version>:<index>)")
+        parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+        parser.add_argument("--actor", default=default_actor(), help="who did it (default cli:<user>)")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        try:
+            plan = reset_position(
+                opts["group"], opts["to"], shard=opts["shard"], dry_run=opts["dry_run"], actor=opts["actor"],
+            )
+        except ServiceError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write("\n".join(plan.lines()))

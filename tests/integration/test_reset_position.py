@@ -1,0 +1,150 @@
+"""reset_position (like `kafka-consumer-groups --reset-offsets`): refused while the group has
+live members, a dry run changes nothing, applied when empty; then a real consumer (dataplane
+Consumer against gunicorn) starts from the new position."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from io import StringIO
+
+import pytest
+import redis
+from django.conf import settings
+from django.core.management import CommandError, call_command
+from rest_framework.test import APIClient
+
+from dataplane import Consumer
+from dataplane.message import Message
+from dataplane.routing import ShardKeys
+from groups.models import Event
+from groups.positions import resolve_position
+from groups.services import ServiceError
+
+from .conftest import GroupFixture, Hb, LiveServer, group_on_fresh_stream
+
+pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
+
+
+@pytest.mark.parametrize(("to", "expected"), [
+    ("earliest", "0-0"),
+    ("latest", "$"),
+    ("1700000000000-3", "1700000000000-3"),
+    ("1700000000000", "1700000000000-0"),
+    ("2023-11-14T22:13:20Z", f"1699999999999-{2**64 - 1}"),
+    ("2023-11-14T22:13:20", f"1699999999999-{2**64 - 1}"),  # no zone: UTC
+    ("2023-11-14T23:13:20+01:00", f"1699999999999-{2**64 - 1}"),
+])
+def test_reset_target_positions(to: str, expected: str):
+    assert resolve_position(to) == expected
+
+
+@pytest.mark.parametrize("to", ["", "soon", "1-2-3", "-5", "99999999999999999999999-0"])
+def test_reset_target_garbage_is_refused_naming_the_field(to: str):
+    with pytest.raises(ServiceError, match="^to: "):
+        resolve_position(to)
+
+
+@pytest.fixture
+def fx() -> Iterator[GroupFixture]:
+    with group_on_fresh_stream("rp", "rpg-{stream}", shards=2, heartbeat_interval_ms=200,
+                               session_timeout_ms=5000) as fixture:
+        yield fixture
+
+
+def _entries(fx: GroupFixture) -> tuple[redis.Redis, str, str]:
+    """Shard 0: ids 1000-0 … 1009-0; shard 1: 1000-0 … 1004-0 (explicit ids: positions are exact)."""
+    r = redis.Redis.from_url(settings.STREAM_REDIS_URL, decode_responses=True)
+    k0, k1 = ShardKeys(f"{fx.stream}:1:0").stream, ShardKeys(f"{fx.stream}:1:1").stream
+    for i in range(10):
+        r.xadd(k0, {"key": f"a{i}", "n": str(i)}, id=f"{1000 + i}-0")
+    for i in range(5):
+        r.xadd(k1, {"key": f"b{i}", "n": str(i)}, id=f"{1000 + i}-0")
+    return r, k0, k1
+
+
+def _run(*args: str) -> str:
+    out = StringIO()
+    call_command("reset_position", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_reset_is_refused_while_the_group_has_live_members_and_changes_nothing(api: APIClient, fx: GroupFixture):
+    r, k0, _ = _entries(fx)
+    r.xgroup_create(k0, fx.group, id="1002-0")
+    status, _ = Hb(api, fx)({"memberId": "alive-1", "memberEpoch": 0, "ownedShards": []})
+    assert status == 200
+    with pytest.raises(CommandError, match=r"has live members \(alive-1\)"):
+        _run(fx.group, "--to", "earliest")
+    with pytest.raises(CommandError, match="live members"):
+        _run(fx.group, "--to", "earliest", "--dry-run")
+    assert r.xinfo_groups(k0)[0]["last-delivered-id"] == "1002-0"
+    assert len(r.xinfo_groups(ShardKeys(f"{fx.stream}:1:1").stream)) == 0  # nothing created
+    assert not Event.objects.filter(kind="position_reset").exists()
+    r.close()
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(fx: GroupFixture):
+    r, k0, k1 = _entries(fx)
+    r.xgroup_create(k0, fx.group, id="1002-0")
+    text = _run(fx.group, "--to", "1004-0", "--dry-run")
+    assert text.splitlines() == [
+        f"would reset group {fx.group} to 1004-0 on 2 shard(s)",
+        f"  {fx.stream}:1:0: 1002-0 → 1004-0",
+        f"  {fx.stream}:1:1: create consumer group at 1004-0",
+    ]
+    assert r.xinfo_groups(k0)[0]["last-delivered-id"] == "1002-0" and r.xinfo_groups(k1) == []
+    assert not Event.objects.filter(kind="position_reset").exists()
+    with pytest.raises(CommandError, match="is not a live shard"):
+        _run(fx.group, "--to", "earliest", "--shard", f"{fx.stream}:9:0")
+    r.close()
+
+
+def test_reset_applied_when_empty_then_a_consumer_starts_from_the_new_position(
+    fx: GroupFixture, gunicorn_server: LiveServer,
+):
+    r, k0, k1 = _entries(fx)
+    r.xgroup_create(k0, fx.group, id="1008-0")  # it had read nearly everything
+    text = _run(fx.group, "--to", "1004-0", "--actor", "ops-test")
+    assert text.splitlines()[0] == f"reset group {fx.group} to 1004-0 on 2 shard(s)"
+    assert r.xinfo_groups(k0)[0]["last-delivered-id"] == "1004-0"
+    assert r.xinfo_groups(k1)[0]["last-delivered-id"] == "1004-0"
+    event = Event.objects.get(kind="position_reset", group__name=fx.group)
+    assert event.actor == "ops-test" and event.detail == {"to": "1004-0", "lastDeliveredId": "1004-0", "shards": 2}
+
+    # Only shard 1, back to the start: shard 0 keeps its new position.
+    _run(fx.group, "--to", "earliest", "--shard", f"{fx.stream}:1:1")
+    assert r.xinfo_groups(k0)[0]["last-delivered-id"] == "1004-0"
+    assert r.xinfo_groups(k1)[0]["last-delivered-id"] == "0-0"
+
+    seen: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def handler(msg: Message) -> None:
+        with lock:
+            seen.append((msg.shard, msg.id))
+
+    consumer = Consumer(gunicorn_server.url, fx.group, fx.key, handler, redis_url=settings.STREAM_REDIS_URL,
+                        member_id="after-reset", block_ms=100, workers=2)
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    expected = {(f"{fx.stream}:1:0", f"{1000 + i}-0") for i in range(5, 10)}
+    expected |= {(f"{fx.stream}:1:1", f"{1000 + i}-0") for i in range(5)}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with lock:
+                done = set(seen) >= expected
+            idle = all(
+                g["lag"] == 0 and g["pending"] == 0 for k in (k0, k1) for g in r.xinfo_groups(k)
+            )
+            if done and idle:
+                break
+            assert time.monotonic() < deadline, f"consumed {sorted(seen)}"
+            time.sleep(0.05)  # poll interval of a deadline loop
+    finally:
+        consumer.stop()
+        thread.join(15)
+    assert sorted(seen) == sorted(expected)  # nothing at or before 1004-0 on shard 0
+    assert not thread.is_alive()  # it left the group
+    r.close()
