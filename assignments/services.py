@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from assignments import fastpath
 from assignments.store import load_state, lock_group, save_state
@@ -101,6 +102,7 @@ def describe_group(name: str) -> dict[str, Any] | None:
     if group is None:
         return None
     state, _ = load_state(group)
+    now = timezone.now()
     members = []
     for m in sorted(state.live_members(), key=lambda m: m.member_id):
         granted = state.granted_to(m.member_id)
@@ -115,6 +117,8 @@ def describe_group(name: str) -> dict[str, Any] | None:
             "revokingShards": list(engine.sorted_shards(state.revoking_from(m.member_id))),
             "targetShards": list(engine.sorted_shards(target)),
             "lastHeartbeatAt": m.last_heartbeat_at.isoformat() if m.last_heartbeat_at else None,
+            "instanceId": m.instance_id,  # §9; a temporarily left member expires in:
+            "expiresInS": None if (left := engine.l1s_expires_in_s(state, m, now)) is None else round(left),
         })
     return {
         "group": group.name,

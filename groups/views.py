@@ -15,12 +15,14 @@ _member = inline_serializer("DescribedMember", {
     "memberId": serializers.CharField(),
     "clientId": serializers.CharField(),
     "memberEpoch": serializers.IntegerField(),
-    "state": serializers.ChoiceField(choices=["STABLE", "REVOKING", "PENDING"]),
+    "state": serializers.ChoiceField(choices=["STABLE", "REVOKING", "PENDING", "TEMPORARILY_LEFT"]),
     "assignedShards": serializers.ListField(child=serializers.CharField()),
     "pendingShards": serializers.ListField(child=serializers.CharField()),
     "revokingShards": serializers.ListField(child=serializers.CharField()),
     "targetShards": serializers.ListField(child=serializers.CharField()),
     "lastHeartbeatAt": serializers.DateTimeField(allow_null=True),
+    "instanceId": serializers.CharField(allow_null=True),
+    "expiresInS": serializers.IntegerField(allow_null=True, help_text="TEMPORARILY_LEFT: seconds until L1s"),
 })
 _described = inline_serializer("DescribedGroup", {
     "group": serializers.CharField(),

@@ -34,6 +34,8 @@ class Command(BaseCommand):
                 f"  {m['memberId']:<24} epoch={m['memberEpoch']:<5} {m['state']:<9} "
                 f"assigned={len(m['assignedShards'])} pending={len(m['pendingShards'])} "
                 f"revoking={len(m['revokingShards'])} last={m['lastHeartbeatAt']}"
+                + (f" instance={m['instanceId']}" if m["instanceId"] else "")
+                + (f" temporarily left (expires in {m['expiresInS']} s)" if m["expiresInS"] is not None else "")
             )
             for label in ("assignedShards", "pendingShards", "revokingShards"):
                 if m[label]:
