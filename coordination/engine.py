@@ -443,6 +443,14 @@ def l1_expire_silent_members(state: GroupState, now: datetime) -> list[str]:
     )
 
 
+def l1s_expires_in_s(state: GroupState, member: Member, now: datetime) -> float | None:
+    """L1s: seconds until a temporarily left member expires (None for any other member)."""
+    if not member.temporarily_left or member.last_heartbeat_at is None:
+        return None
+    silent_ms = (now - member.last_heartbeat_at).total_seconds() * 1000
+    return max(0.0, (state.session_timeout_ms - silent_ms) / 1000)
+
+
 def l2_fence_overdue_revocations(state: GroupState, now: datetime) -> list[str]:
     """L2: members that did not report REVOKED within their rebalance timeout are fenced."""
     overdue = [
