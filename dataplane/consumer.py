@@ -59,16 +59,21 @@ class Consumer:
         shutdown_timeout_s: float = 30.0,
         retry_backoff_ms: int = 100,
         transport: Transport | None = None,
+        instance_id: str | None = None,
     ) -> None:
         self.member_id = member_id or default_member_id()
-        if not _MEMBER_ID_OK.match(self.member_id):
+        if not _MEMBER_ID_OK.fullmatch(self.member_id):
             raise ValueError("member_id must be 1-64 characters of [A-Za-z0-9._:-]")
+        # Static membership (§9): a restart with the same instance id gets the same shards back.
+        if instance_id is not None and not _MEMBER_ID_OK.fullmatch(instance_id):
+            raise ValueError("instance_id must be 1-64 characters of [A-Za-z0-9._:-]")
         self.group = group
         self.transport = transport or Transport(coordinator_url, api_key)
         self.machine = Membership(
             self.member_id,
             client_id=client_id or f"{socket.gethostname()}/pid-{os.getpid()}",
             rebalance_timeout_ms=rebalance_timeout_ms,
+            instance_id=instance_id,
         )
         cfg = RuntimeConfig(
             workers=workers,
@@ -96,7 +101,8 @@ class Consumer:
         return self.runtime.idempotency_marker(msg, marker, ttl_ms)
 
     def run(self) -> None:
-        """Join, consume until SIGINT/SIGTERM or stop(), then leave (memberEpoch -1)."""
+        """Join, consume until SIGINT/SIGTERM or stop(), then leave (memberEpoch -1; -2 with an
+        instance id, so its shards wait for its restart)."""
         restore = self._install_signals()
         self.runtime.start()
         try:

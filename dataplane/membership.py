@@ -27,6 +27,7 @@ FENCING_ERRORS = frozenset({"UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH"})
 
 JOIN_EPOCH = 0
 LEAVE_EPOCH = -1
+TEMPORARY_LEAVE_EPOCH = -2  # static members (§9): shards stay reserved for the instance id
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +82,10 @@ class Membership:
         session_timeout_ms: int = 30000,
         retry_backoff_ms: int = 200,
         retry_backoff_max_ms: int = 5000,
+        instance_id: str | None = None,
     ) -> None:
         self.member_id = member_id
+        self.instance_id = instance_id  # §9: sent on every request; leaving sends -2, not -1
         self.client_id = client_id
         self.rebalance_timeout_ms = rebalance_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
@@ -161,14 +164,17 @@ class Membership:
 
     def _build_request(self) -> dict[str, Any]:
         leave = self.leaving and not self.revoking_in_progress
-        epoch = LEAVE_EPOCH if leave else self.member_epoch
+        leave_epoch = TEMPORARY_LEAVE_EPOCH if self.instance_id else LEAVE_EPOCH
+        epoch = leave_epoch if leave else self.member_epoch
         req: dict[str, Any] = {"memberId": self.member_id, "memberEpoch": epoch}
         if self.client_id:
             req["clientId"] = self.client_id
+        if self.instance_id:
+            req["instanceId"] = self.instance_id
         if epoch == JOIN_EPOCH and self.rebalance_timeout_ms is not None:
             req["rebalanceTimeoutMs"] = self.rebalance_timeout_ms
         req["metadataEpoch"] = self.metadata_epoch
-        if epoch in (JOIN_EPOCH, LEAVE_EPOCH):
+        if epoch <= JOIN_EPOCH:
             # C5: a join never reports ownership; a leave releases everything anyway.
             req["ownedShards"] = []
             req["revokingShards"] = []
@@ -197,7 +203,7 @@ class Membership:
         if req is None:
             log.warning("heartbeat response without a request in flight: ignored")
             return Actions()
-        if req["memberEpoch"] == LEAVE_EPOCH:
+        if req["memberEpoch"] < JOIN_EPOCH:  # -1, or -2 for a static member
             self.left = True  # whatever the answer: we are gone, and R2 makes it idempotent
             return Actions(left=True)
         code = body.get("errorCode") or "NONE"
