@@ -101,11 +101,7 @@ def _answer(
 def r1_join(state: GroupState, req: HeartbeatRequest, now: datetime) -> HeartbeatResponse:
     """R1: epoch 0 joins or rejoins; a rejoin first releases what the member held (C4)."""
     if req.owned_shards:
-        return _error(
-            ErrorCode.FENCED_MEMBER_EPOCH,
-            "ownedShards must be empty when joining with memberEpoch 0 (C5)",
-            req.member_id,
-        )
+        return _join_with_owned_shards(req)
     member = state.members.get(req.member_id)
     rejoin = member is not None and member.live
     if not rejoin and len(state.live_members()) >= state.max_members:
@@ -123,6 +119,14 @@ def r1_join(state: GroupState, req: HeartbeatRequest, now: datetime) -> Heartbea
     state.emit("rejoined" if rejoin else "joined", member, clientId=req.client_id,
                **({"instanceId": req.instance_id} if req.instance_id else {}))
     return _answer(state, member, status, full_metadata=True)
+
+
+def _join_with_owned_shards(req: HeartbeatRequest) -> HeartbeatResponse:
+    return _error(
+        ErrorCode.FENCED_MEMBER_EPOCH,
+        "ownedShards must be empty when joining with memberEpoch 0 (C5)",
+        req.member_id,
+    )
 
 
 def _new_member(state: GroupState, req: HeartbeatRequest, now: datetime) -> Member:
@@ -149,11 +153,7 @@ def r1s_replace_static_member(
     the new member gets exactly the old target, so no other member's target changes. Its
     grants come at the new, higher epoch, past the old incarnation's fence tokens."""
     if req.owned_shards:
-        return _error(
-            ErrorCode.FENCED_MEMBER_EPOCH,
-            "ownedShards must be empty when joining with memberEpoch 0 (C5)",
-            req.member_id,
-        )
+        return _join_with_owned_shards(req)
     assert req.instance_id is not None
     old = state.holder_of_instance(req.instance_id)
     assert old is not None
@@ -198,11 +198,16 @@ def r2_leave(state: GroupState, req: HeartbeatRequest, now: datetime) -> Heartbe
         state.touch_member(member)
         bump_group_epoch(state)
         state.emit("left", member)
+    return _left(state, req, -1)
+
+
+def _left(state: GroupState, req: HeartbeatRequest, member_epoch: int) -> HeartbeatResponse:
+    """The answer to a leave (-1) or a temporary leave (-2): nothing assigned."""
     return HeartbeatResponse(
         error_code=ErrorCode.NONE,
         status=Status.OK,
         member_id=req.member_id,
-        member_epoch=-1,
+        member_epoch=member_epoch,
         assignment_epoch=state.assignment_epoch,
         heartbeat_interval_ms=state.heartbeat_interval_ms,
         assignment=Assignment(),
@@ -240,15 +245,7 @@ def r2s_leave_temporarily(
         member.revocation_deadline = None
         state.touch_member(member)
         state.emit("left_temporarily", member, instanceId=instance_id)
-    return HeartbeatResponse(
-        error_code=ErrorCode.NONE,
-        status=Status.OK,
-        member_id=req.member_id,
-        member_epoch=-2,
-        assignment_epoch=state.assignment_epoch,
-        heartbeat_interval_ms=state.heartbeat_interval_ms,
-        assignment=Assignment(),
-    )
+    return _left(state, req, -2)
 
 
 # --- R8 (the member's side): a removed member is told why -----------------------------------
