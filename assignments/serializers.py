@@ -23,8 +23,12 @@ class HeartbeatRequestSerializer(serializers.Serializer):
 
     memberId = serializers.RegexField(MEMBER_ID_OPENAPI_PATTERN, max_length=64,
                                       help_text="1-64 chars of [A-Za-z0-9._:-], kept for the life of the process")
-    memberEpoch = serializers.IntegerField(min_value=-1, max_value=MAX_EPOCH,
-                                           help_text="0 joins/rejoins, -1 leaves, >0 regular heartbeat")
+    memberEpoch = serializers.IntegerField(
+        min_value=-2, max_value=MAX_EPOCH,
+        help_text="0 joins/rejoins, -1 leaves, -2 leaves temporarily (members with an instanceId), >0 regular")
+    instanceId = serializers.RegexField(
+        MEMBER_ID_OPENAPI_PATTERN, max_length=64, required=False, allow_null=True,
+        help_text="static membership (§9): a rejoin with the same instanceId gets the same shards back")
     clientId = serializers.CharField(required=False, max_length=MAX_CLIENT_ID_LENGTH,
                                      help_text="informational, e.g. host/pid")
     rebalanceTimeoutMs = serializers.IntegerField(

@@ -100,7 +100,7 @@ def _aware(value: datetime | None) -> datetime | None:
 _MEMBER_COLUMNS = (
     "id", "member_id", "status", "member_epoch", "previous_member_epoch", "client_id",
     "rebalance_timeout_ms", "last_heartbeat_at", "revocation_deadline",
-    "fenced_reason", "fenced_by",
+    "fenced_reason", "fenced_by", "instance_id",
 )
 
 
@@ -163,7 +163,7 @@ def load_state(
             reports = {mid: owned if isinstance(owned, list) else json.loads(owned or "[]")
                        for mid, owned in cursor.fetchall()}
     for (pk, mid, status, epoch, prev, client_id, rto, last_hb, deadline_at,
-         reason, by) in member_rows:
+         reason, by, instance_id) in member_rows:
         loaded.member_pk[mid] = pk
         members[mid] = Member(
             member_id=mid,
@@ -179,6 +179,7 @@ def load_state(
             last_reported_owned=tuple(reports[mid]) if mid in reports else None,
             fenced_reason=reason,
             fenced_by=by,
+            instance_id=instance_id,
         )
     catalogue = _shard_catalogue(
         group.stream_id, group.stream.metadata_epoch, {row[1] for row in slot_rows}
@@ -230,7 +231,9 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
         Group.objects.filter(pk=group.pk).update(
             group_epoch=state.group_epoch, assignment_epoch=state.assignment_epoch
         )
-    for mid in sorted(changes.members):
+    # Removed members first: a replacement (§9 R1s) takes over the old one's instanceId, which
+    # the unique constraint allows only once the old row is no longer live.
+    for mid in sorted(changes.members, key=lambda mid: (state.members[mid].live, mid)):
         m = state.members[mid]
         values = dict(
             status=m.status.value,
@@ -242,6 +245,7 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
             revocation_deadline=m.revocation_deadline,
             fenced_reason=m.fenced_reason,
             fenced_by=m.fenced_by,
+            instance_id=m.instance_id,
         )
         if m.joined_at is not None:
             values["joined_at"] = m.joined_at

@@ -32,7 +32,7 @@ shard) plus O(m + n log n) for the rest.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import cast
 
 __all__ = ["assign"]
@@ -80,23 +80,48 @@ def _sort_naturally(ids: list[str]) -> tuple[str, ...]:
 
 
 def assign(
-    members: Sequence[str], shards: Sequence[str], previous: Mapping[str, str | None]
+    members: Sequence[str],
+    shards: Sequence[str],
+    previous: Mapping[str, str | None],
+    reserved: Collection[str] = (),
 ) -> dict[str, str]:
     """Return the target assignment shard_id -> member_id.
 
     members: ids of live members (any order, unique). shards: assignable shard ids (any
     order, unique). previous: the previous target, shard_id -> member_id (may mention
-    members/shards that no longer exist, or None values).
+    members/shards that no longer exist, or None values). reserved: members among `members`
+    whose previous shards are kept exactly as they are (PROTOCOL §9: a temporarily left
+    static member, or the member taking its place); they get nothing else.
 
-    The result is valid, balanced (counts differ by at most one), moves the minimum
-    possible number of shards away from their previous member, and is deterministic; its
-    iteration order is the natural shard order. See the module docstring for details.
+    The result is valid, balanced (counts differ by at most one) among the members that are
+    not reserved, over the shards not reserved, moves the minimum possible number of shards
+    away from their previous member, and is deterministic; its iteration order is the
+    natural shard order. See the module docstring for details.
     """
+    if reserved:
+        return _assign_around(members, shards, previous, set(reserved) & set(members))
     # Sorting the de-duplicated sets is what makes the result independent of input order.
     live = sorted(set(members))
     if not live:
         return {}
     order = _natural_order(set(shards))
+    return _balance(live, order, previous)
+
+
+def _assign_around(
+    members: Sequence[str], shards: Sequence[str], previous: Mapping[str, str | None],
+    reserved: set[str],
+) -> dict[str, str]:
+    """Keep the reserved members' previous shards; balance the rest over everyone else."""
+    order = _natural_order(set(shards))
+    kept = {shard: previous[shard] for shard in order if previous.get(shard) in reserved}
+    others = sorted(set(members) - reserved)
+    rest = _balance(others, [s for s in order if s not in kept], previous) if others else {}
+    return {s: owner for s in order if (owner := kept.get(s) or rest.get(s)) is not None}
+
+
+def _balance(live: list[str], order: list[str], previous: Mapping[str, str | None]) -> dict[str, str]:
+    """The balanced, sticky assignment of `order` (natural order) over `live` (sorted)."""
     quota, extra = divmod(len(order), len(live))
 
     owners: list[str | None] = [previous.get(shard) for shard in order]

@@ -1,4 +1,5 @@
-"""Heartbeat rules R1–R9 and the liveness rules L1/L2 (PROTOCOL.md §4–§6).
+"""Heartbeat rules R1–R9, the liveness rules L1/L2 (PROTOCOL.md §4–§6) and static membership
+R1s/R2s/L1s (§9).
 
 Every function takes the group's snapshot (`GroupState`, loaded under the group's lock),
 mutates it through its methods, and returns the protocol answer. Errors are decided before
@@ -47,7 +48,11 @@ def heartbeat(state: GroupState, req: HeartbeatRequest, now: datetime) -> Heartb
     """Apply one heartbeat to the group (the caller holds the group's lock)."""
     if req.member_epoch == -1:
         return r2_leave(state, req, now)
+    if req.member_epoch == -2:
+        return r2s_leave_temporarily(state, req, now)
     if req.member_epoch == 0:
+        if req.instance_id is not None and state.holder_of_instance(req.instance_id) is not None:
+            return r1s_replace_static_member(state, req, now)
         return r1_join(state, req, now)
 
     member = state.members.get(req.member_id)
@@ -96,11 +101,7 @@ def _answer(
 def r1_join(state: GroupState, req: HeartbeatRequest, now: datetime) -> HeartbeatResponse:
     """R1: epoch 0 joins or rejoins; a rejoin first releases what the member held (C4)."""
     if req.owned_shards:
-        return _error(
-            ErrorCode.FENCED_MEMBER_EPOCH,
-            "ownedShards must be empty when joining with memberEpoch 0 (C5)",
-            req.member_id,
-        )
+        return _join_with_owned_shards(req)
     member = state.members.get(req.member_id)
     rejoin = member is not None and member.live
     if not rejoin and len(state.live_members()) >= state.max_members:
@@ -111,6 +112,24 @@ def r1_join(state: GroupState, req: HeartbeatRequest, now: datetime) -> Heartbea
         )
     if member is not None and member.live:
         _release_all(state, member)
+    member = _new_member(state, req, now)
+    bump_group_epoch(state)
+    # A join is answered with full metadata and is not held back by R7.
+    status = r6_reconcile(state, member, now, drain_only=False)
+    state.emit("rejoined" if rejoin else "joined", member, clientId=req.client_id,
+               **({"instanceId": req.instance_id} if req.instance_id else {}))
+    return _answer(state, member, status, full_metadata=True)
+
+
+def _join_with_owned_shards(req: HeartbeatRequest) -> HeartbeatResponse:
+    return _error(
+        ErrorCode.FENCED_MEMBER_EPOCH,
+        "ownedShards must be empty when joining with memberEpoch 0 (C5)",
+        req.member_id,
+    )
+
+
+def _new_member(state: GroupState, req: HeartbeatRequest, now: datetime) -> Member:
     member = Member(
         member_id=req.member_id,
         status=MemberStatus.PENDING,
@@ -118,13 +137,52 @@ def r1_join(state: GroupState, req: HeartbeatRequest, now: datetime) -> Heartbea
         rebalance_timeout_ms=req.rebalance_timeout_ms or state.rebalance_timeout_ms,
         joined_at=now,
         last_heartbeat_at=now,
+        instance_id=req.instance_id,
     )
     state.members[req.member_id] = member
     state.touch_member(member)
-    bump_group_epoch(state)
-    # A join is answered with full metadata and is not held back by R7.
+    return member
+
+
+# --- R1s static join: replace the member holding the instanceId (§9) ------------------------
+def r1s_replace_static_member(
+    state: GroupState, req: HeartbeatRequest, now: datetime
+) -> HeartbeatResponse:
+    """R1s: a join with an instanceId the group holds (live or temporarily left) takes that
+    member's place: the old one is removed and releases everything, the group epoch rises, and
+    the new member gets exactly the old target, so no other member's target changes. Its
+    grants come at the new, higher epoch, past the old incarnation's fence tokens."""
+    if req.owned_shards:
+        return _join_with_owned_shards(req)
+    assert req.instance_id is not None
+    old = state.holder_of_instance(req.instance_id)
+    assert old is not None
+    reserved = sorted_shards(state.target_of(old.member_id))
+    _release_all(state, old)
+    if old.member_id != req.member_id:
+        old.status = MemberStatus.LEFT  # its next heartbeat: UNKNOWN_MEMBER_ID
+        old.revocation_deadline = None
+        old.fenced_reason = f"replaced by member {req.member_id!r} with instanceId {req.instance_id!r}"
+        old.fenced_by = "coordinator"
+        state.touch_member(old)
+        state.emit("replaced", old, instanceId=req.instance_id, by=req.member_id)
+    # The joining memberId may itself be another live member rejoining under this instanceId.
+    other = state.members.get(req.member_id)
+    other_live = other is not None and other.live and other is not old
+    if other is not None and other_live:
+        _release_all(state, other)
+        for shard in sorted_shards(state.target_of(other.member_id)):
+            state.set_target(shard, None)  # its own target goes back to the group
+    member = _new_member(state, req, now)
+    if old.member_id != member.member_id:
+        for shard in reserved:
+            state.set_target(shard, member.member_id)
+    # Only if another member's shards lost their owner does the rest of the group rebalance,
+    # and even then around the new member's reserved target (the assignor keeps it as is).
+    bump_group_epoch(state, recompute=other_live, reserve=(member.member_id,))
     status = r6_reconcile(state, member, now, drain_only=False)
-    state.emit("rejoined" if rejoin else "joined", member, clientId=req.client_id)
+    state.emit("rejoined" if old.member_id == req.member_id else "joined", member,
+               clientId=req.client_id, instanceId=req.instance_id, replaced=old.member_id)
     return _answer(state, member, status, full_metadata=True)
 
 
@@ -140,22 +198,66 @@ def r2_leave(state: GroupState, req: HeartbeatRequest, now: datetime) -> Heartbe
         state.touch_member(member)
         bump_group_epoch(state)
         state.emit("left", member)
+    return _left(state, req, -1)
+
+
+def _left(state: GroupState, req: HeartbeatRequest, member_epoch: int) -> HeartbeatResponse:
+    """The answer to a leave (-1) or a temporary leave (-2): nothing assigned."""
     return HeartbeatResponse(
         error_code=ErrorCode.NONE,
         status=Status.OK,
         member_id=req.member_id,
-        member_epoch=-1,
+        member_epoch=member_epoch,
         assignment_epoch=state.assignment_epoch,
         heartbeat_interval_ms=state.heartbeat_interval_ms,
         assignment=Assignment(),
     )
 
 
+# --- R2s temporary leave (§9) ---------------------------------------------------------------
+def r2s_leave_temporarily(
+    state: GroupState, req: HeartbeatRequest, now: datetime
+) -> HeartbeatResponse:
+    """R2s: epoch -2 from a member with an instanceId. It has stopped (C1 done for every shard),
+    so what it was still revoking is released; its granted shards and its target stay reserved
+    for its instanceId: no target recompute, nothing granted to anybody else, until it rejoins
+    (R1s) or expires (L1s, the -2 counting as its last heartbeat). Repeating it changes nothing."""
+    member = state.members.get(req.member_id)
+    instance_id = member.instance_id if member is not None and member.live else req.instance_id
+    if instance_id is None:
+        return _error(
+            ErrorCode.INVALID_REQUEST,
+            "memberEpoch: -2 (temporary leave) is only for a member that joined with an instanceId"
+            " (§9); use -1 to leave",
+            req.member_id,
+        )
+    if req.instance_id is not None and req.instance_id != instance_id:
+        return _error(
+            ErrorCode.INVALID_REQUEST,
+            f"instanceId: {req.instance_id!r} is not this member's instanceId {instance_id!r}",
+            req.member_id,
+        )
+    if member is not None and member.live and not member.temporarily_left:
+        for shard in sorted_shards(state.revoking_from(member.member_id)):
+            state.release(shard)
+        member.status = MemberStatus.TEMPORARILY_LEFT
+        member.last_heartbeat_at = now
+        member.revocation_deadline = None
+        state.touch_member(member)
+        state.emit("left_temporarily", member, instanceId=instance_id)
+    return _left(state, req, -2)
+
+
 # --- R8 (the member's side): a removed member is told why -----------------------------------
 def r8_check_not_removed(member: Member | None, req: HeartbeatRequest) -> Rejection | None:
-    """R8/L1: a member the group does not hold is UNKNOWN; one the coordinator fenced is FENCED."""
-    if member is None or member.status in (MemberStatus.LEFT, MemberStatus.EXPIRED):
-        why = "never joined" if member is None else member.status.lower()
+    """R8/L1: a member the group does not hold is UNKNOWN; one the coordinator fenced is FENCED.
+    A temporarily left member (§9) promised to stop: it rejoins with epoch 0 (R1s)."""
+    if member is None or member.status in (
+        MemberStatus.LEFT, MemberStatus.EXPIRED, MemberStatus.TEMPORARILY_LEFT
+    ):
+        why = "never joined" if member is None else member.status.lower().replace("_", " ")
+        if member is not None and member.fenced_reason:
+            why = f"{why}: {member.fenced_reason}"
         return Rejection(
             ErrorCode.UNKNOWN_MEMBER_ID,
             f"member {req.member_id!r} is not in the group ({why}); rejoin with memberEpoch 0",
@@ -370,7 +472,9 @@ def _ms_since(start: datetime, now: datetime) -> float:
 def l1_expire_silent_members(
     state: GroupState, now: datetime, intake: Intake = UNRECORDED_INTAKE
 ) -> list[str]:
-    """L1: members silent for longer than the session timeout are expired.
+    """L1: members silent for longer than the session timeout are expired. L1s (§9): so is a
+    temporarily left member, its -2 being its last heartbeat; then its reserved shards are
+    released and the target recomputed without it (one epoch bump in r8_remove_members).
 
     Only silence the coordinator could have heard counts: nobody expires while the intake
     is down, and after it comes back every member gets one full session to be heard.
@@ -386,6 +490,14 @@ def l1_expire_silent_members(
         state, silent, status=MemberStatus.EXPIRED, reason="session timeout", actor="sweeper",
         now=now,
     )
+
+
+def l1s_expires_in_s(state: GroupState, member: Member, now: datetime) -> float | None:
+    """L1s: seconds until a temporarily left member expires (None for any other member)."""
+    if not member.temporarily_left or member.last_heartbeat_at is None:
+        return None
+    silent_ms = (now - member.last_heartbeat_at).total_seconds() * 1000
+    return max(0.0, (state.session_timeout_ms - silent_ms) / 1000)
 
 
 def l2_fence_overdue_revocations(
@@ -412,11 +524,18 @@ def l2_fence_overdue_revocations(
 
 
 # --- target assignment -----------------------------------------------------------------------
-def bump_group_epoch(state: GroupState) -> None:
-    """Membership or assignable shards changed: new groupEpoch, target recomputed at it."""
+def bump_group_epoch(
+    state: GroupState, *, recompute: bool = True, reserve: Iterable[str] = ()
+) -> None:
+    """Membership or assignable shards changed: new groupEpoch, target recomputed at it.
+    `recompute=False` (R1s): the caller set the target itself; it becomes the one at this epoch.
+    `reserve`: members whose target the assignor keeps as is, like temporarily left ones."""
     state.group_epoch += 1
     state.touch_group()
-    recompute_target(state)
+    if recompute:
+        recompute_target(state, reserve=reserve)
+    else:
+        state.assignment_epoch = state.group_epoch
 
 
 def needs_full_state(req: HeartbeatRequest) -> bool:
@@ -424,12 +543,15 @@ def needs_full_state(req: HeartbeatRequest) -> bool:
     return req.member_epoch <= 0 or bool(req.drained_shards)
 
 
-def recompute_target(state: GroupState) -> None:
+def recompute_target(state: GroupState, reserve: Iterable[str] = ()) -> None:
     if state.partial:
         raise RuntimeError("cannot recompute the target from a partial snapshot")
-    members = [m.member_id for m in state.live_members()]
+    live = state.live_members()
+    members = [m.member_id for m in live]
+    # §9: a temporarily left member's target is reserved for its instanceId, kept as it is.
+    reserved = {m.member_id for m in live if m.temporarily_left} | set(reserve)
     previous = {s.shard_id: s.target for s in state.shards.values() if s.target is not None}
-    target = assign(members, s6_assignable(state), previous)
+    target = assign(members, s6_assignable(state), previous, reserved=reserved)
     for shard_id, slot in state.shards.items():
         new = target.get(shard_id)
         if slot.target != new:
@@ -450,7 +572,9 @@ def group_phase(state: GroupState) -> GroupPhase:
         return GroupPhase.EMPTY
     if state.assignment_epoch < state.group_epoch:
         return GroupPhase.ASSIGNING
-    if any(m.status != MemberStatus.STABLE or m.member_epoch != state.assignment_epoch for m in live):
+    # A temporarily left member (§9) waits for its rejoin, not for reconciliation.
+    active = [m for m in live if not m.temporarily_left]
+    if any(m.status != MemberStatus.STABLE or m.member_epoch != state.assignment_epoch for m in active):
         return GroupPhase.RECONCILING
     return GroupPhase.STABLE
 

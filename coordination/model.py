@@ -43,13 +43,21 @@ class MemberStatus(StrEnum):
     STABLE = "STABLE"  # reconciled: epoch == assignmentEpoch, target fully granted
     REVOKING = "REVOKING"  # owes REVOKED for shards that left its target
     PENDING = "PENDING"  # waits for target shards still held by others (or not yet synced)
+    # §9 R2s: a static member that stopped with memberEpoch -2. Still in the group (its place,
+    # shards and target are reserved) until it rejoins (R1s) or its session times out (L1s).
+    TEMPORARILY_LEFT = "TEMPORARILY_LEFT"
     # Tombstones, kept so the next heartbeat gets the right error (R8, L1).
     LEFT = "LEFT"
     EXPIRED = "EXPIRED"
     FENCED = "FENCED"
 
 
-LIVE_STATUSES = frozenset({MemberStatus.STABLE, MemberStatus.REVOKING, MemberStatus.PENDING})
+# Members the group holds: they count toward max_members, own shards and targets, and expire
+# by L1. A temporarily left member is one of them, but sends no heartbeats (see ACTIVE_STATUSES).
+LIVE_STATUSES = frozenset({
+    MemberStatus.STABLE, MemberStatus.REVOKING, MemberStatus.PENDING, MemberStatus.TEMPORARILY_LEFT,
+})
+ACTIVE_STATUSES = LIVE_STATUSES - {MemberStatus.TEMPORARILY_LEFT}
 
 
 class RevokeState(StrEnum):
@@ -93,6 +101,7 @@ class HeartbeatRequest:
     owned_shards: tuple[str, ...] | None = None  # None: unchanged since last accepted
     revoking_shards: tuple[RevokeReport, ...] = ()
     drained_shards: tuple[str, ...] = ()
+    instance_id: str | None = None  # §9 static membership
 
 
 @dataclass(slots=True)
@@ -109,10 +118,15 @@ class Member:
     last_reported_owned: tuple[str, ...] | None = ()  # None: not loaded (not needed)
     fenced_reason: str = ""
     fenced_by: str = ""
+    instance_id: str | None = None  # §9: at most one live member per instanceId in a group
 
     @property
     def live(self) -> bool:
         return self.status in LIVE_STATUSES
+
+    @property
+    def temporarily_left(self) -> bool:
+        return self.status == MemberStatus.TEMPORARILY_LEFT
 
 
 @dataclass(slots=True)
@@ -131,7 +145,7 @@ class ShardSlot:
 
 @dataclass
 class Event:
-    kind: str  # joined, rejoined, left, expired, fenced, rebalanced, drained
+    kind: str  # joined, rejoined, left, left_temporarily, replaced, expired, fenced, rebalanced, drained
     member_id: str = ""
     group_epoch: int = 0
     member_epoch: int | None = None
@@ -204,6 +218,13 @@ class GroupState:
 
     def live_members(self) -> list[Member]:
         return [m for m in self.members.values() if m.live]
+
+    def holder_of_instance(self, instance_id: str) -> Member | None:
+        """§9: the live (or temporarily left) member holding this instanceId, if any."""
+        for m in self.members.values():
+            if m.instance_id == instance_id and m.live:
+                return m
+        return None
 
     # -- mutations (the only writers of slots) ---------------------------------------------
     def _mutate_slot(self, shard_id: str, **values: object) -> None:

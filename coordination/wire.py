@@ -19,7 +19,7 @@ MAX_CLIENT_ID_LENGTH = 200
 REBALANCE_TIMEOUT_MS_RANGE = (100, 24 * 3600 * 1000)
 FIELDS = frozenset({
     "memberId", "memberEpoch", "clientId", "rebalanceTimeoutMs", "metadataEpoch",
-    "ownedShards", "revokingShards", "drainedShards",
+    "ownedShards", "revokingShards", "drainedShards", "instanceId",
 })
 _REVOKE_STATES = {s.value: s for s in RevokeState}
 # Control characters (NUL above all: PostgreSQL refuses it in text, a newline forges log
@@ -116,7 +116,13 @@ def parse_heartbeat(data: Any) -> HeartbeatRequest:
         c.fail("memberId", "required")
     elif member_id is not None and not MEMBER_ID_RE.fullmatch(member_id):
         c.fail("memberId", "must be 1-64 characters of [A-Za-z0-9._:-]")
-    member_epoch = c.integer("memberEpoch", -1, MAX_EPOCH, required=True)
+    # §9: same charset and length as memberId.
+    instance_id = c.string("instanceId", 64)
+    if instance_id is not None and not MEMBER_ID_RE.fullmatch(instance_id):
+        c.fail("instanceId", "must be 1-64 characters of [A-Za-z0-9._:-]")
+        instance_id = None
+    # -2: temporary leave (§9); whether the member may use it is the core's decision (R2s).
+    member_epoch = c.integer("memberEpoch", -2, MAX_EPOCH, required=True)
     client_id = c.string("clientId", MAX_CLIENT_ID_LENGTH)
     rebalance_timeout_ms = c.integer("rebalanceTimeoutMs", *REBALANCE_TIMEOUT_MS_RANGE)
     metadata_epoch = c.integer("metadataEpoch", 0, MAX_EPOCH)
@@ -146,4 +152,5 @@ def parse_heartbeat(data: Any) -> HeartbeatRequest:
         owned_shards=owned,
         revoking_shards=tuple(revoking),
         drained_shards=drained or (),
+        instance_id=instance_id,
     )

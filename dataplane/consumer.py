@@ -61,16 +61,21 @@ class Consumer:
         retry_backoff_ms: int = 100,
         max_concurrency: int = 16,
         transport: Transport | None = None,
+        instance_id: str | None = None,
     ) -> None:
         self.member_id = member_id or default_member_id()
-        if not _MEMBER_ID_OK.match(self.member_id):
+        if not _MEMBER_ID_OK.fullmatch(self.member_id):
             raise ValueError("member_id must be 1-64 characters of [A-Za-z0-9._:-]")
+        # Static membership (§9): a restart with the same instance id gets the same shards back.
+        if instance_id is not None and not _MEMBER_ID_OK.fullmatch(instance_id):
+            raise ValueError("instance_id must be 1-64 characters of [A-Za-z0-9._:-]")
         self.group = group
         self.transport = transport or Transport(coordinator_url, api_key)
         self.machine = Membership(
             self.member_id,
             client_id=client_id or f"{socket.gethostname()}/pid-{os.getpid()}",
             rebalance_timeout_ms=rebalance_timeout_ms,
+            instance_id=instance_id,
         )
         cfg = RuntimeConfig(
             workers=workers,
@@ -99,12 +104,8 @@ class Consumer:
         return self.runtime.idempotency_marker(msg, marker, ttl_ms)
 
     def run(self) -> None:
-        """Join, consume until SIGINT/SIGTERM or stop(), then leave (memberEpoch -1).
-
-        Raises a :class:`~dataplane.errors.ConfigurationError` (after cleaning up) when the
-        member cannot start: Redis unreachable (RedisUnavailableError), the API key refused
-        (AuthenticationError) or no such group (GroupNotFoundError) before the first join.
-        """
+        """Join, consume until SIGINT/SIGTERM or stop(), then leave (memberEpoch -1; -2 with an
+        instance id, so its shards wait for its restart)."""
         restore = self._install_signals()
         try:
             self.runtime.start()

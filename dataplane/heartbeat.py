@@ -22,6 +22,7 @@ FENCING_ERRORS = frozenset({"UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH"})
 
 JOIN_EPOCH = 0
 LEAVE_EPOCH = -1
+TEMPORARY_LEAVE_EPOCH = -2  # static members (§9): shards stay reserved for the instance id
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,16 +103,19 @@ def heartbeat_request(
     drained: Iterable[str],
     *,
     client_id: str | None = None,
+    instance_id: str | None = None,
     rebalance_timeout_ms: int | None = None,
 ) -> dict[str, Any]:
-    """The heartbeat body at ``epoch`` (0: join, -1: leave)."""
+    """The heartbeat body at ``epoch`` (0: join, -1: leave, -2: temporary leave)."""
     req: dict[str, Any] = {"memberId": member_id, "memberEpoch": epoch}
     if client_id:
         req["clientId"] = client_id
+    if instance_id:
+        req["instanceId"] = instance_id
     if epoch == JOIN_EPOCH and rebalance_timeout_ms is not None:
         req["rebalanceTimeoutMs"] = rebalance_timeout_ms
     req["metadataEpoch"] = metadata_epoch
-    if epoch in (JOIN_EPOCH, LEAVE_EPOCH):
+    if epoch <= JOIN_EPOCH:
         # C5: a join never reports ownership; a leave releases everything anyway.
         req["ownedShards"] = []
         req["revokingShards"] = []

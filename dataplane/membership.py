@@ -21,6 +21,7 @@ from .heartbeat import (
     OK,
     REVOKED,
     REVOKING,
+    TEMPORARY_LEAVE_EPOCH,
     Actions,
     Grant,
     grant_from_metadata,
@@ -46,8 +47,10 @@ class Membership:
         session_timeout_ms: int = 30000,
         retry_backoff_ms: int = 200,
         retry_backoff_max_ms: int = 5000,
+        instance_id: str | None = None,
     ) -> None:
         self.member_id = member_id
+        self.instance_id = instance_id  # §9: sent on every request; leaving sends -2, not -1
         self.client_id = client_id
         self.rebalance_timeout_ms = rebalance_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
@@ -117,9 +120,11 @@ class Membership:
             due = True
         if not due:
             return None
-        epoch = LEAVE_EPOCH if self.leaving and not self.revoking_in_progress else self.member_epoch
+        leave_epoch = TEMPORARY_LEAVE_EPOCH if self.instance_id else LEAVE_EPOCH
+        epoch = leave_epoch if self.leaving and not self.revoking_in_progress else self.member_epoch
         req = heartbeat_request(self.member_id, epoch, self.metadata_epoch, self.owned,
                                 self.revoking, self.drained, client_id=self.client_id,
+                                instance_id=self.instance_id,
                                 rebalance_timeout_ms=self.rebalance_timeout_ms)  # fmt: skip
         self._in_flight = req
         self._last_sent_ms = now_ms
@@ -142,7 +147,7 @@ class Membership:
         if req is None:
             log.warning("heartbeat response without a request in flight: ignored")
             return Actions()
-        if req["memberEpoch"] == LEAVE_EPOCH:
+        if req["memberEpoch"] < JOIN_EPOCH:  # -1, or -2 for a static member
             self.left = True  # whatever the answer: we are gone, and R2 makes it idempotent
             return Actions(left=True)
         code = body.get("errorCode") or "NONE"

@@ -53,8 +53,7 @@ def describe_document(group: Group, state: GroupState, stats: shardstats.GroupSt
         by_id[m.member_id] = m
         members.append({
             "memberId": m.member_id,
-            # Static membership (§9) adds instance ids to members; null until it does.
-            "instanceId": getattr(m, "instance_id", None),
+            "instanceId": m.instance_id,  # static membership (§9)
             "clientId": m.client_id,
             "memberEpoch": m.member_epoch,
             "state": m.status.value,
@@ -65,6 +64,8 @@ def describe_document(group: Group, state: GroupState, stats: shardstats.GroupSt
             "targetShards": in_order(target),
             "lastHeartbeatAt": m.last_heartbeat_at.isoformat() if m.last_heartbeat_at else None,
             "sinceLastHeartbeatMs": _ms_since(m.last_heartbeat_at, now),
+            # A temporarily left member (§9) expires in (L1s):
+            "expiresInS": None if (left := engine.l1s_expires_in_s(state, m, now)) is None else round(left),
         })
     shards = []
     for sid in ordered:
@@ -78,7 +79,7 @@ def describe_document(group: Group, state: GroupState, stats: shardstats.GroupSt
             "sealed": slot.sealed,
             "owner": slot.owner,
             "clientId": owner.client_id if owner else None,
-            "instanceId": getattr(owner, "instance_id", None),
+            "instanceId": owner.instance_id if owner else None,
             "lag": fig.lag,
             "lagExact": fig.lag_exact,
             "pending": fig.pending,

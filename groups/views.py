@@ -17,7 +17,7 @@ _member = inline_serializer("DescribedMember", {
     "instanceId": serializers.CharField(allow_null=True, help_text="static membership (§9); null for dynamic members"),
     "clientId": serializers.CharField(),
     "memberEpoch": serializers.IntegerField(),
-    "state": serializers.ChoiceField(choices=["STABLE", "REVOKING", "PENDING"]),
+    "state": serializers.ChoiceField(choices=["STABLE", "REVOKING", "PENDING", "TEMPORARILY_LEFT"]),
     "liveness": serializers.ChoiceField(
         choices=["alive", "late", "expired", "unknown"],
         help_text="late: silent for more than 2 heartbeat intervals; expired: beyond the session timeout",
@@ -28,6 +28,7 @@ _member = inline_serializer("DescribedMember", {
     "targetShards": _shard_list,
     "lastHeartbeatAt": serializers.DateTimeField(allow_null=True),
     "sinceLastHeartbeatMs": serializers.IntegerField(allow_null=True, help_text="null: never heartbeated"),
+    "expiresInS": serializers.IntegerField(allow_null=True, help_text="TEMPORARILY_LEFT: seconds until L1s"),
 })
 _shard = inline_serializer("DescribedShard", {
     "shardId": serializers.CharField(),

@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from coordination.liveness import LATE_AFTER_INTERVALS, Liveness, liveness
-from coordination.model import LIVE_STATUSES
+from coordination.model import LIVE_STATUSES, MemberStatus
 from groups.admin import ReadOnlyAdmin, when_column
 from groups.services import ServiceError
 from members import services
@@ -63,14 +63,15 @@ class LivenessFilter(admin.SimpleListFilter):
 class MemberAdmin(ReadOnlyAdmin):
     list_display = (
         "member_id", "group", "status", "member_epoch", "heartbeat", "shards", "fencing", "client_id",
+        "instance_id",
     )
     list_filter = ("group", "status", LivenessFilter)
-    search_fields = ("member_id", "client_id")
+    search_fields = ("member_id", "client_id", "instance_id")
     list_select_related = ("group",)
     ordering = ("group__name", "member_id")
     actions = ["fence_members", "remove_members"]
     fields = (
-        "group", "member_id", "client_id", "status", "member_epoch", "previous_member_epoch", "heartbeat",
+        "group", "member_id", "client_id", "instance_id", "status", "member_epoch", "previous_member_epoch", "heartbeat",
         "joined", "last_heartbeat", "revocation_deadline", "rebalance_timeout_ms",
         "last_reported_owned", "held_shards", "fenced_by", "fenced_reason",
     )
@@ -89,6 +90,9 @@ class MemberAdmin(ReadOnlyAdmin):
         if obj.status not in _LIVE:
             return "—"
         g = obj.group
+        if obj.status == MemberStatus.TEMPORARILY_LEFT and obj.last_heartbeat_at is not None:  # §9 L1s
+            left = g.session_timeout_ms / 1000 - (timezone.now() - obj.last_heartbeat_at).total_seconds()
+            return f"temporarily left (expires in {max(0, round(left))} s)"
         seconds, alive = liveness(obj.last_heartbeat_at, timezone.now(), g.heartbeat_interval_ms, g.session_timeout_ms)
         if seconds is None:
             return "never"

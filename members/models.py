@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from coordination.model import MemberStatus
+from coordination.model import LIVE_STATUSES, MemberStatus
 
 
 class Member(models.Model):
@@ -22,10 +22,19 @@ class Member(models.Model):
     last_reported_owned = models.JSONField(default=list, blank=True, editable=False)
     fenced_reason = models.CharField(max_length=500, blank=True)
     fenced_by = models.CharField(max_length=150, blank=True)
+    # §9 static membership. Tombstones keep it (the admin shows whose place they held).
+    instance_id = models.CharField(max_length=64, null=True, blank=True, editable=False)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["group", "member_id"], name="uniq_group_member"),
+            # §9: a group holds at most one member per instanceId.
+            models.UniqueConstraint(
+                fields=["group", "instance_id"],
+                condition=models.Q(instance_id__isnull=False)
+                & models.Q(status__in=sorted(s.value for s in LIVE_STATUSES)),
+                name="uniq_group_live_instance",
+            ),
         ]
         permissions = [("fence_member", "Can fence or remove members")]
 

@@ -275,3 +275,28 @@ def test_c4_fence_locally_on_a_held_shard_fences() -> None:
     m.on_response(1, 200, _ok(3, ["s:1:0", "s:1:1"]))
     actions = m.fence_locally(2, {"s:1:1"}, "fence token taken")
     assert actions.abort == ["s:1:0", "s:1:1"] and actions.rejoin and m.member_epoch == 0
+def test_static_member_sends_its_instance_id_and_leaves_with_minus_2_after_in_flight_work() -> None:
+    """§9: instanceId on the join and every heartbeat; stopping drains (C1) then sends -2."""
+    m = Membership("m-1", instance_id="billing-3")
+    join = m.poll(0)
+    assert join is not None and join["memberEpoch"] == 0 and join["instanceId"] == "billing-3"
+    m.on_response(1, 200, _ok(3, ["s:1:0"]))
+    beat = m.poll(1001)
+    assert beat is not None and beat["memberEpoch"] == 3 and beat["instanceId"] == "billing-3"
+    m.on_response(1002, 200, _ok(3, ["s:1:0"]))
+    assert m.leave().revoke == ["s:1:0"]
+    assert m.poll(1003) is None  # in-flight work on s:1:0 first
+    m.revocation_finished("s:1:0")
+    leave = m.poll(1004)
+    assert leave is not None and leave["memberEpoch"] == -2 and leave["instanceId"] == "billing-3"
+    assert leave["ownedShards"] == [] and leave["revokingShards"] == []
+    assert m.on_response(1005, 200, _ok(-2, [])).left and m.left
+
+
+def test_member_without_instance_id_sends_none_and_leaves_with_minus_1() -> None:
+    m = Membership("m-1")
+    assert "instanceId" not in m.poll(0)
+    m.on_response(1, 200, _ok(3, []))
+    m.leave()
+    assert m.poll(2) == {"memberId": "m-1", "memberEpoch": -1, "metadataEpoch": 1,
+                         "ownedShards": [], "revokingShards": [], "drainedShards": []}

@@ -155,7 +155,12 @@ def test_auth_missing_unknown_and_other_groups_key(api, orders):
         ({"memberId": "x" * 65, "memberEpoch": 0}, "memberId"),
         ({"memberId": "bad id!", "memberEpoch": 0}, "memberId"),
         ({"memberId": 7, "memberEpoch": 0}, "memberId"),
-        ({"memberId": "m", "memberEpoch": -2}, "memberEpoch"),
+        ({"memberId": "m", "memberEpoch": -2}, "memberEpoch"),  # no instanceId (§9 R2s)
+        ({"memberId": "m", "memberEpoch": -3}, "memberEpoch"),
+        ({"memberId": "m", "memberEpoch": 0, "instanceId": "bad id"}, "instanceId"),
+        ({"memberId": "m", "memberEpoch": 0, "instanceId": "x" * 65}, "instanceId"),
+        ({"memberId": "m", "memberEpoch": 0, "instanceId": "inst\n"}, "instanceId"),
+        ({"memberId": "m\n", "memberEpoch": 0}, "memberId"),
         ({"memberId": "m", "memberEpoch": "1"}, "memberEpoch"),
         ({"memberId": "m", "memberEpoch": 1.0}, "memberEpoch"),
         ({"memberId": "m", "memberEpoch": True}, "memberEpoch"),
@@ -200,7 +205,8 @@ def test_describe_group(api, hb: Hb, orders):
     a = d["members"][0]
     assert a["memberId"] == "a" and a["memberEpoch"] == body["memberEpoch"]
     assert set(a) == {"memberId", "instanceId", "clientId", "memberEpoch", "state", "liveness", "assignedShards",
-                      "pendingShards", "revokingShards", "targetShards", "lastHeartbeatAt", "sinceLastHeartbeatMs"}
+                      "pendingShards", "revokingShards", "targetShards", "lastHeartbeatAt", "sinceLastHeartbeatMs",
+                      "expiresInS"}
     assert len(a["targetShards"]) == 2 and len(a["assignedShards"]) == 4
 
 

@@ -29,9 +29,10 @@ def at(seconds: float) -> datetime:
 class Client:
     """Plays one well-behaved member against the engine (C1–C5)."""
 
-    def __init__(self, state: GroupState, member_id: str) -> None:
+    def __init__(self, state: GroupState, member_id: str, instance_id: str | None = None) -> None:
         self.state = state
         self.member_id = member_id
+        self.instance_id = instance_id  # §9: sent on every request when set
         self.epoch = 0
         self.owned: list[str] = []
         self.metadata_epoch: int | None = None
@@ -43,6 +44,7 @@ class Client:
             member_epoch=self.epoch,
             metadata_epoch=self.metadata_epoch,
             owned_shards=tuple(self.owned),
+            instance_id=self.instance_id,
         )
         fields.update(overrides)
         self.state.changes = Changes()

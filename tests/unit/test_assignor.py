@@ -314,3 +314,21 @@ def test_assignor_result_is_identical_across_processes_with_different_hash_seeds
         for seed in (1, 2, 3)
     }
     assert outputs == {json.dumps(list(assign(members, shards, previous).items())) + "\n"}
+
+
+@PROPERTY
+@given(scenarios(), st.data())
+def test_assignor_keeps_reserved_members_targets_as_they_are(scenario, data) -> None:
+    """§9: a reserved member (temporarily left, or the static member taking its place) keeps
+    exactly its previous shards that are still assignable and gets nothing else; the other
+    shards are balanced over the other members as if the reserved ones were not there."""
+    members, shards, previous = scenario
+    reserved = set(data.draw(st.lists(st.sampled_from(members), unique=True) if members else st.just([])))
+    result = assign(members, shards, previous, reserved=reserved)
+    for member in reserved:
+        assert {s for s, m in result.items() if m == member} == {
+            s for s in shards if previous.get(s) == member
+        }
+    others = [m for m in members if m not in reserved]
+    rest = [s for s in shards if previous.get(s) not in reserved]
+    assert {s: m for s, m in result.items() if m not in reserved} == assign(others, rest, previous)

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from coordination import engine
 from coordination.model import (
     HeartbeatRequest,
@@ -389,3 +392,218 @@ def test_partial_snapshot_refuses_to_recompute_the_target():
     assert engine.needs_full_state(HeartbeatRequest(member_id="m", member_epoch=-1))
     assert engine.needs_full_state(HeartbeatRequest(member_id="m", member_epoch=3, drained_shards=("s:1:0",)))
     assert not engine.needs_full_state(HeartbeatRequest(member_id="m", member_epoch=3))
+
+
+# --- §9 static membership: R1s, R2s, L1s -------------------------------------------------------
+def _static_group(members: int = 4, shards: int = 8, **config: int):
+    state = make_group(shards, **config)
+    clients = [Client(state, f"m{i}", instance_id=f"inst-{i}") for i in range(members)]
+    for c in clients:
+        c.join(at(0))
+    settle(clients, at(1))
+    return state, clients
+
+
+def _targets(state) -> dict[str, str | None]:
+    return {sid: slot.target for sid, slot in state.shards.items()}
+
+
+def test_r2s_temporary_leave_keeps_shards_and_target_reserved_without_recompute():
+    state, (a, b, c, d) = _static_group()
+    held, targets, epoch = set(state.granted_to("m0")), _targets(state), state.group_epoch
+    r = a.send(at(2), member_epoch=-2)
+    assert r.error_code == "NONE" and r.member_epoch == -2 and r.assignment.assigned == ()
+    assert state.members["m0"].status == MemberStatus.TEMPORARILY_LEFT
+    assert state.group_epoch == epoch and _targets(state) == targets
+    assert state.granted_to("m0") == held  # still owned: granted to nobody else
+    for other in (b, c, d):
+        assert not set(other.beat(at(3)).assignment.assigned) & held
+    assert engine.group_phase(state) == "STABLE"
+
+
+def test_r2s_without_instance_id_is_invalid_request_naming_member_epoch():
+    state = make_group(4)
+    a = Client(state, "a")
+    a.join()
+    state.changes = type(state.changes)()
+    r = a.send(member_epoch=-2)
+    assert r.error_code == "INVALID_REQUEST" and r.http_status == 400
+    assert r.error_message.startswith("memberEpoch")
+    assert state.members["a"].status != MemberStatus.TEMPORARILY_LEFT and state.changes.empty
+    assert Client(state, "stranger").send(member_epoch=-2).error_code == "INVALID_REQUEST"
+
+
+def test_r2s_with_another_instance_id_is_invalid_request():
+    state, (a, *_) = _static_group(2, 4)
+    r = a.send(member_epoch=-2, instance_id="not-mine")
+    assert r.error_code == "INVALID_REQUEST" and r.error_message.startswith("instanceId")
+
+
+def test_r2s_is_idempotent_and_a_later_regular_heartbeat_gets_unknown_member_id():
+    state, (a, *_) = _static_group(2, 4)
+    a.send(at(2), member_epoch=-2)
+    state.changes = type(state.changes)()
+    again = a.send(at(5), member_epoch=-2, instance_id=None)
+    assert again.error_code == "NONE" and again.member_epoch == -2
+    assert state.changes.empty and state.members["m0"].last_heartbeat_at == at(2)
+    r = a.send(at(6))
+    assert r.error_code == "UNKNOWN_MEMBER_ID" and "temporarily left" in r.error_message
+
+
+def test_r2s_releases_what_the_member_was_still_revoking():
+    state, (a, b) = _static_group(2, 6)
+    c = Client(state, "c")
+    c.join(at(2))
+    r = a.beat(at(3))
+    assert r.status == "REVOKE_PENDING" and r.assignment.revoking
+    a.send(at(4), member_epoch=-2)  # C1 done for every shard before a static member stops
+    assert state.revoking_from("m0") == set()
+    assert set(c.beat(at(5)).assignment.assigned) >= set(r.assignment.revoking)
+
+
+def test_r2s_a_join_while_a_member_is_away_keeps_its_target_reserved():
+    state, (a, b, c, d) = _static_group()
+    reserved = set(state.target_of("m3"))  # the last id: a plain rebalance would take one
+    d.send(at(2), member_epoch=-2)
+    e = Client(state, "e")
+    e.join(at(3))
+    settle([a, b, c, e], at(4))
+    assert state.target_of("m3") == reserved and state.granted_to("m3") == reserved
+    assert sorted(len(state.target_of(m.member_id)) for m in (a, b, c, e)) == [1, 1, 2, 2]
+    assert engine.owners_are_exclusive(state)
+
+
+def test_r1s_rejoin_after_temporary_leave_gets_the_same_shards_at_a_higher_grant_epoch():
+    state, (a, b, c, d) = _static_group()
+    held = set(state.granted_to("m0"))
+    fence_tokens = {s: state.shards[s].grant_epoch for s in held}
+    targets, epoch = _targets(state), state.group_epoch
+    a.send(at(2), member_epoch=-2)
+    a2 = Client(state, "m0-restarted", instance_id="inst-0")
+    r = a2.join(at(3))
+    assert r.error_code == "NONE" and r.status == "OK"
+    assert set(r.assignment.assigned) == held and r.assignment.pending == ()
+    assert state.group_epoch == epoch + 1 == state.assignment_epoch
+    assert all(state.shards[s].grant_epoch > fence_tokens[s] for s in held)
+    assert _targets(state) == {s: ("m0-restarted" if t == "m0" else t) for s, t in targets.items()}
+    settle([a2, b, c, d], at(4))
+    assert state.granted_to("m0-restarted") == held
+    assert a.send(at(5), member_epoch=a.epoch).error_code == "UNKNOWN_MEMBER_ID"
+
+
+def test_r1s_duplicate_instance_replaces_the_live_member():
+    state, (a, b, c, d) = _static_group()
+    held = set(state.granted_to("m0"))
+    others = {m.member_id: set(state.target_of(m.member_id)) for m in (b, c, d)}
+    dup = Client(state, "m0-duplicate", instance_id="inst-0")
+    r = dup.join(at(2))
+    assert set(r.assignment.assigned) == held
+    assert state.members["m0"].status == MemberStatus.LEFT
+    stale = a.beat(at(3))
+    assert stale.error_code == "UNKNOWN_MEMBER_ID" and "replaced" in stale.error_message
+    assert {mid: set(state.target_of(mid)) for mid in others} == others
+    assert [m.member_id for m in state.live_members() if m.instance_id == "inst-0"] == ["m0-duplicate"]
+
+
+def test_r1s_same_member_id_rejoin_fences_its_stale_epoch():
+    state, (a, *_) = _static_group(2, 4)
+    held, stale_epoch = set(state.granted_to("m0")), a.epoch
+    r = a.join(at(2))
+    assert set(r.assignment.assigned) == held and r.member_epoch > stale_epoch
+    late = a.send(at(3), member_epoch=stale_epoch, owned_shards=tuple(sorted(held)))
+    assert late.error_code == "FENCED_MEMBER_EPOCH"
+
+
+def test_r1s_gets_pending_shards_of_the_old_target_only_when_released():
+    state, (a, b) = _static_group(2, 4)
+    c = Client(state, "c", instance_id="inst-c")
+    rc = c.join(at(2))  # pending: b and a still hold them
+    assert rc.assignment.pending
+    c2 = Client(state, "c2", instance_id="inst-c")
+    r = c2.join(at(3))
+    assert set(r.assignment.pending) == set(rc.assignment.pending) and r.assignment.assigned == ()
+    settle([a, b, c2], at(4))
+    assert state.granted_to("c2") == set(rc.assignment.pending)
+
+
+def test_r1s_by_another_live_member_rebalances_only_that_members_shards():
+    state, (a, b, c, d) = _static_group()
+    reserved = set(state.target_of("m0"))
+    r = b.send(at(2), member_epoch=0, owned_shards=(), instance_id="inst-0")  # m1 now claims inst-0
+    assert r.error_code == "NONE"
+    assert state.target_of("m1") == reserved
+    assert state.members["m0"].status == MemberStatus.LEFT
+    assert sorted(len(state.target_of(m)) for m in ("m1", "m2", "m3")) == [2, 3, 3]
+
+
+def test_l1s_temporarily_left_member_expires_after_session_timeout_and_its_shards_move():
+    state, (a, b, c, d) = _static_group(session_timeout_ms=30_000)
+    held = set(state.granted_to("m0"))
+    a.send(at(10), member_epoch=-2)
+    for t in (20, 30, 39):
+        settle([b, c, d], at(t))
+    assert engine.l1_expire_silent_members(state, at(39.5)) == []
+    epoch = state.group_epoch
+    assert engine.l1_expire_silent_members(state, at(40.5)) == ["m0"]
+    assert state.members["m0"].status == MemberStatus.EXPIRED and state.group_epoch == epoch + 1
+    assert state.held_by("m0") == set() and state.target_of("m0") == set()
+    settle([b, c, d], at(41))
+    assert held <= state.granted_to("m1") | state.granted_to("m2") | state.granted_to("m3")
+    late = Client(state, "m0-late", instance_id="inst-0").join(at(42))
+    assert late.error_code == "NONE" and state.group_epoch == epoch + 2  # a plain join now
+
+
+static_ops = st.lists(
+    st.tuples(st.sampled_from(["leave_temporarily", "rejoin", "replace", "join", "leave"]),
+              st.integers(0, 7)),
+    max_size=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(2, 6), st.integers(1, 16), static_ops, st.integers(0, 7))
+def test_r1s_a_replacement_never_changes_another_members_target(members, shards, ops, victim):
+    """Any history of temporary leaves, rejoins, replacements, joins and leaves, then one more
+    replacement: the new member's target is exactly the old one's, nobody else's changes,
+    and no shard is held twice (R9)."""
+    state = make_group(shards)
+    clients = [Client(state, f"m{i}", instance_id=f"inst-{i}") for i in range(members)]
+    for cl in clients:
+        cl.join()
+    settle(clients)
+    fresh = iter(range(1000))
+    away: dict[str, set[str]] = {}  # temporarily left member -> its target when it left
+    for op, i in ops:
+        cl = clients[i % len(clients)]
+        away.pop(cl.member_id, None)
+        if op == "leave_temporarily":
+            cl.send(member_epoch=-2)
+            away[cl.member_id] = set(state.target_of(cl.member_id))
+        elif op == "rejoin":
+            cl.join()
+        elif op == "replace":
+            clients[i % len(clients)] = Client(state, f"r{next(fresh)}", instance_id=cl.instance_id)
+            clients[i % len(clients)].join()
+        elif op == "join":
+            clients.append(Client(state, f"n{next(fresh)}", instance_id=f"inst-n{next(fresh)}"))
+            clients[-1].join()
+        elif op == "leave" and len(clients) > 1:
+            cl.send(member_epoch=-1)
+            clients.remove(cl)
+        for other in clients:
+            if state.members[other.member_id].status in (MemberStatus.STABLE, MemberStatus.PENDING,
+                                                         MemberStatus.REVOKING):
+                if other.beat().assignment.revoking:
+                    other.revoke_all()
+        assert engine.owners_are_exclusive(state)
+        for mid, target in away.items():  # R2s: reserved as it was, whatever else happened
+            assert state.members[mid].temporarily_left and state.target_of(mid) == target
+    old = clients[victim % len(clients)]
+    before = _targets(state)
+    r = Client(state, "replacement", instance_id=old.instance_id).join()
+    assert r.error_code == "NONE"
+    assert _targets(state) == {
+        s: ("replacement" if t == old.member_id else t) for s, t in before.items()
+    }
+    assert engine.owners_are_exclusive(state)
+    assert len([m for m in state.live_members() if m.instance_id == old.instance_id]) == 1

@@ -71,7 +71,9 @@ class Command(BaseCommand):
             [
                 (m["memberId"], m["instanceId"], m["clientId"], m["memberEpoch"], m["state"],
                  len(m["assignedShards"]), len(m["pendingShards"]), len(m["revokingShards"]),
-                 _seconds(m["sinceLastHeartbeatMs"]), m["liveness"])
+                 _seconds(m["sinceLastHeartbeatMs"]),
+                 f"temporarily left (expires in {m['expiresInS']} s)" if m["expiresInS"] is not None
+                 else m["liveness"])
                 for m in doc["members"]
             ],
         )))

@@ -6,7 +6,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('groups', '0001_initial'),
+        ('groups', '0002_apikey_scope_lifecycle'),
     ]
 
     operations = [
