@@ -18,7 +18,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 install: $(VENV)/.installed
 
 run: install
-	bash scripts/run.sh
+	$(PY) scripts/run.py
 
 test: install
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \

@@ -1,6 +1,7 @@
 """Health endpoints: /healthz does no I/O; /readyz checks what a heartbeat needs."""
 from __future__ import annotations
 
+import os
 from functools import cache
 
 import redis
@@ -15,7 +16,13 @@ from groups.models import SweepRun
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"status": "ok"})
+    body = {"status": "ok"}
+    # `make run` (scripts/run.py) sets a per-run id, so its readiness check can tell the
+    # server it started from one left over on the same port.
+    run_id = os.environ.get("RSC_RUN_ID")
+    if run_id:
+        body["runId"] = run_id
+    return JsonResponse(body)
 
 
 def readyz(request: HttpRequest) -> JsonResponse:
