@@ -15,10 +15,12 @@ from typing import Any
 import redis
 from django.db import transaction
 from django.db.models import Count, F, Q
+from django.utils import timezone
 
 from assignments.models import ShardAssignment
-from assignments.store import lock_group
+from assignments.store import load_state, lock_group, save_state
 from coordination.model import LIVE_STATUSES
+from coordination.restore import parse_fence_epoch, raise_epochs_above
 from groups.metadata import fence_key, redis_key, seal_key
 from groups.models import Event, Group, Shard, ShardVersion, Stream, VersionState
 from groups.namespace import stream_redis
@@ -187,3 +189,48 @@ def _purge_stream(prefix: str, stream: str, shard_ids: list[str]) -> int:
     except redis.RedisError as exc:
         raise ServiceError(f"purging Redis failed, nothing deleted: {exc}") from exc
     return deleted
+
+
+# --- after a database restore --------------------------------------------------------------
+def raise_epochs_after_restore(
+    group: str | None = None, *, dry_run: bool = False, actor: str = "operator"
+) -> list[dict[str, Any]]:
+    """Raise each group's epochs above the highest fence token of its shards in Redis.
+
+    See docs/OPERATING.md "Backup and restore". The tokens are read before the group lock is
+    taken (members are meant to be stopped); the core decides under the lock whether a raise
+    is still needed, so running it twice, or beside heartbeats, raises at most once.
+    """
+    if group is not None and not Group.objects.filter(name=group).exists():
+        raise ServiceError(f"group {group!r} does not exist")
+    names = [group] if group else list(Group.objects.order_by("name").values_list("name", flat=True))
+    report = []
+    for name in names:
+        row = Group.objects.select_related("stream").get(name=name)
+        floor = _highest_fence_epoch(row)
+        entry: dict[str, Any] = {
+            "group": name, "fenceTokenEpoch": floor, "groupEpoch": row.group_epoch,
+            "assignmentEpoch": row.assignment_epoch, "raised": False,
+            "needed": floor is not None and row.assignment_epoch <= floor,
+        }
+        if entry["needed"] and not dry_run:
+            with transaction.atomic():
+                locked = lock_group(name)
+                if locked is not None:
+                    state, loaded = load_state(locked)
+                    if raise_epochs_above(state, floor):
+                        save_state(state, loaded, timezone.now(), actor=actor)
+                        entry.update(raised=True, raisedTo=state.assignment_epoch)
+        report.append(entry)
+    return report
+
+
+def _highest_fence_epoch(group: Group) -> int | None:
+    prefix = group.stream.key_prefix
+    shard_ids = list(Shard.objects.filter(version__stream_id=group.stream_id).values_list("shard_id", flat=True))
+    try:
+        tokens = stream_redis().mget([fence_key(prefix, s, group.name) for s in shard_ids]) if shard_ids else []
+    except redis.RedisError as exc:
+        raise ServiceError(f"reading fence tokens from Redis failed: {exc}") from exc
+    epochs = [e for e in (parse_fence_epoch(t) for t in tokens if t) if e is not None]
+    return max(epochs, default=None)

@@ -191,3 +191,33 @@ def test_housekeeping_misuse_exits_non_zero_with_one_line_from_the_shell(drainin
         assert done.stderr.startswith(message) and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert done.stdout == ""
     assert Group.objects.count() == 2 and Stream.objects.filter(name="hk").exists()
+
+
+def test_restore_raise_epochs_puts_new_grants_above_the_fence_tokens_in_redis(api: APIClient, stream_redis: redis.Redis):
+    """An older database under a newer Redis: tokens at epoch 57, the group at 2."""
+    w = World(api, "hkr", 2)
+    w.settle("hkr-g1")
+    prefix = default_key_prefix()
+    stream_redis.set(fence_key(prefix, "hkr:1:0", "hkr-g1"), "57:m-gone")
+    stream_redis.set(fence_key(prefix, "hkr:1:1", "hkr-g1"), "not-a-token")
+    stream_redis.set(fence_key(prefix, "hkr:1:1", "hkr-g2"), "9:m-other")  # another group's: not ours
+    before = Group.objects.get(name="hkr-g1").assignment_epoch
+
+    out = run("raise_epochs_after_restore", "--dry-run")
+    assert f"group hkr-g1: highest fence token epoch 57, assignmentEpoch {before}: would raise" in out
+    assert "group hkr-g2: highest fence token epoch 9, assignmentEpoch 1: would raise" in out
+    assert Group.objects.get(name="hkr-g1").assignment_epoch == before
+
+    out = run("raise_epochs_after_restore", "--group", "hkr-g1", "--actor", "ops")
+    assert out.strip() == (f"group hkr-g1: highest fence token epoch 57, assignmentEpoch {before}: "
+                           "raised groupEpoch and assignmentEpoch to 58")
+    g = Group.objects.get(name="hkr-g1")
+    assert (g.group_epoch, g.assignment_epoch) == (58, 58)
+    assert Event.objects.filter(group=g, kind="epochs_raised", actor="ops").exists()
+    assert Group.objects.get(name="hkr-g2").assignment_epoch == 1  # only the group asked for
+    # The members move to the new epoch; every grant from now on carries it (> 57).
+    w.settle("hkr-g1")
+    assert {m.epoch for m in w.groups["hkr-g1"]} == {58}
+    assert "nothing to do" in run("raise_epochs_after_restore", "--group", "hkr-g1")
+    with pytest.raises(CommandError, match="^group 'nope' does not exist$"):
+        run("raise_epochs_after_restore", "--group", "nope")
