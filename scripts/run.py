@@ -141,7 +141,10 @@ class Supervisor:
             remaining = deadline - time.monotonic()
             for key, _ in self.selector.select(timeout=max(0.0, min(remaining, 0.2))):
                 part: Part = key.data
-                chunk = os.read(key.fd, 65536)
+                try:
+                    chunk = os.read(key.fd, 65536)
+                except BlockingIOError:
+                    continue
                 if not chunk:
                     self.selector.unregister(key.fd)
                     if part.buffer:
@@ -253,15 +256,25 @@ class Supervisor:
         self.wait_for("Redis", lambda: self.redis_answers(0.5), 20.0)
 
     def manage(self, *argv: str) -> str:
-        """Run a manage.py command to completion; its output on failure, then CannotStart."""
-        done = subprocess.run([PY, "manage.py", *argv], cwd=ROOT, env=self.env, capture_output=True,
-                              text=True, start_new_session=True)
-        if done.returncode != 0:
-            for text in (done.stdout, done.stderr):
+        """Run a manage.py command to completion (or until a stop); its output on failure."""
+        proc = subprocess.Popen([PY, "manage.py", *argv], cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, preexec_fn=_die_with_parent(os.getpid()))
+        while True:
+            try:
+                out, err = proc.communicate(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if self.stop_reason is not None:
+                    proc.terminate()
+                    proc.communicate()
+                    raise CannotStart(f"stopped during manage.py {argv[0]}") from None
+        if proc.returncode != 0:
+            for text in (out, err):
                 for raw in text.strip().splitlines()[-20:]:
                     self.say(f"manage  | {raw}")
-            raise CannotStart(f"manage.py {argv[0]} failed (status {done.returncode})")
-        return done.stdout
+            raise CannotStart(f"manage.py {argv[0]} failed (status {proc.returncode})")
+        return out
 
     def wait_for(self, what: str, ready: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -303,11 +316,13 @@ class Supervisor:
             self.start_demo(demo)
             self.banner(demo)
         except CannotStart as exc:
-            self.say(f"== cannot start: {exc}")
-            print(f"make run: {exc}", file=sys.stderr)
-            self.stop_reason = self.stop_reason or "start-up failed"
+            requested = self.stop_reason  # Ctrl-C (or the like) while starting: a normal stop
+            if not requested:
+                self.say(f"== cannot start: {exc}")
+                print(f"make run: {exc}", file=sys.stderr)
+            self.stop_reason = requested or "start-up failed"
             self.stop_all()
-            return EXIT_CANNOT_START
+            return EXIT_OK if requested else EXIT_CANNOT_START
         while self.stop_reason is None and self.failed is None:
             self.pump(0.5)
             self.check_parts()

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests.integration.conftest import free_port
+from tests.sqlite.cleanup import delete_namespace_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -135,25 +135,12 @@ class Run:
             self.read()
         return self.proc.returncode
 
-    def namespace(self) -> str | None:
-        try:
-            with sqlite3.connect(self.db) as conn:
-                row = conn.execute("SELECT installation_id FROM groups_installation").fetchone()
-        except sqlite3.OperationalError:
-            return None
-        return f"rsc-{row[0][:8]}" if row else None
-
     def close(self) -> None:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.stderr.close()
-        namespace = self.namespace()
-        if namespace:  # its streams, seal markers, fence tokens and Celery keys
-            client = redis.Redis.from_url(REDIS_URL)
-            for key in client.scan_iter(f"{namespace}:*", count=1000):
-                client.delete(key)
-            client.close()
+        delete_namespace_keys(self.db, REDIS_URL)
 
 
 @pytest.fixture
