@@ -169,12 +169,24 @@ def running_system(run: Callable[..., Run]) -> tuple[Run, dict[int, int]]:
 
 
 # --- tests ---------------------------------------------------------------------------------------
-def test_run_sigint_with_closed_stdout_stops_every_child_and_members_leave_first(run: Callable[..., Run]):
-    """`make run | tee log`, Ctrl-C: tee is gone (stdout closed), the supervisor gets SIGINT."""
+@pytest.mark.parametrize(
+    ("sig", "close_stdout"),
+    [
+        (signal.SIGINT, True),  # `make run | tee log`, Ctrl-C: tee is gone first, then the SIGINT
+        (signal.SIGHUP, False),  # the terminal closed
+        (None, True),  # only the reader died: the next line written hits EPIPE
+    ],
+    ids=["sigint-closed-stdout", "sighup", "closed-stdout"],
+)
+def test_run_stop_ends_every_child_and_members_leave_first(
+    run: Callable[..., Run], sig: signal.Signals | None, close_stdout: bool
+):
     r, procs = running_system(run)
     assert r.proc.stdout is not None
-    r.proc.stdout.close()  # the reader (tee) dies first
-    os.kill(r.proc.pid, signal.SIGINT)
+    if close_stdout:
+        r.proc.stdout.close()
+    if sig is not None:
+        os.kill(r.proc.pid, sig)
     assert r.wait_exit(90) == 0, r.text()
     wait_until(lambda: not still_running(procs), 10, "every child gone",
                lambda: f"still running: {still_running(procs)}\n{r.text()}")
