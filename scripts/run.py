@@ -185,8 +185,9 @@ class Supervisor:
 
     def stop_stage(self, stage: str, timeout: float) -> None:
         parts = [p for p in self.parts if p.stage == stage and p.proc and p.proc.poll() is None]
-        for part in parts:
-            self._signal(part, signal.SIGTERM)
+        for part in parts:  # the part itself: gunicorn and Celery stop their own workers
+            assert part.proc is not None
+            part.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while any(p.proc and p.proc.poll() is None for p in parts) and time.monotonic() < deadline:
             self.pump(0.1)
@@ -195,8 +196,6 @@ class Supervisor:
                 self.say(f"== {part.name} did not stop within {timeout:.0f} s: killing it")
                 self._signal(part, signal.SIGKILL)
                 part.proc.wait()
-        for part in parts:  # whatever the part left behind in its session (pool processes)
-            self._signal(part, signal.SIGKILL)
 
     @staticmethod
     def _signal(part: Part, sig: int) -> None:
@@ -212,6 +211,10 @@ class Supervisor:
         self.say("== stopping the coordinator, worker and beat")
         self.stop_stage("core", CORE_STOP_TIMEOUT_S)
         self.stop_stage("redis", CORE_STOP_TIMEOUT_S)
+        # Whatever a part left behind in its session (pool processes of a part that died).
+        # Parts exit at most a stop's length before this, so their group ids are not reused yet.
+        for part in self.parts:
+            self._signal(part, signal.SIGKILL)
         self.pump(0.2)
         self.say("== stopped")
 
