@@ -25,7 +25,7 @@ $(VENV)/.dataplane-installed: $(VENV)/.installed dataplane/pyproject.toml
 install: $(VENV)/.installed $(VENV)/.dataplane-installed
 
 run: install
-	bash scripts/run.sh
+	$(PY) scripts/run.py
 
 test: install
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \

@@ -20,4 +20,5 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),  # issue 5
+    path("favicon.ico", views.favicon, name="favicon"),  # issue 12
 ]

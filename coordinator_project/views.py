@@ -8,22 +8,41 @@ Alert on them from `degraded` or /metrics (`rsc_sweep_lag_seconds`) instead.
 """
 from __future__ import annotations
 
+import os
 from functools import cache
+from pathlib import Path
 
 import redis
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import FileResponse, HttpRequest, JsonResponse
 from django.utils import timezone
+from django.views.decorators.cache import cache_control
+from django.views.decorators.http import require_safe
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from groups.models import SweepRun
 from members.intake import current_intake
 
+FAVICON = Path(__file__).with_name("static") / "favicon.ico"
+
 
 def healthz(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"status": "ok"})
+    body = {"status": "ok"}
+    # `make run` (scripts/run.py) sets a per-run id, so its readiness check can tell the
+    # server it started from one left over on the same port.
+    run_id = os.environ.get("RSC_RUN_ID")
+    if run_id:
+        body["runId"] = run_id
+    return JsonResponse(body)
+
+
+@require_safe
+@cache_control(max_age=86400, public=True)
+def favicon(request: HttpRequest) -> FileResponse:
+    """Browsers ask every page's host for /favicon.ico; without it each admin page logs a 404."""
+    return FileResponse(FAVICON.open("rb"), content_type="image/x-icon")
 
 
 def readyz(request: HttpRequest) -> JsonResponse:

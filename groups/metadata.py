@@ -91,3 +91,8 @@ def routing_document(stream: Stream) -> dict[str, Any]:
             _cache.clear()
         _cache[key] = doc
     return doc
+
+
+def fence_key(prefix: str, shard_id: str, group: str) -> str:
+    """The group's fence token on a shard (written by members, PROTOCOL §7)."""
+    return f"{prefix}:{{{shard_id}}}:fence:{group}"

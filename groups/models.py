@@ -165,3 +165,17 @@ class SweepRun(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class Installation(models.Model):
+    """This database's identity: one row (pk 1), made on first use (groups.namespace).
+
+    Its id names this installation's default Redis key prefix and Celery queue, so two
+    installations on one Redis never share seal markers, fence tokens or tasks (issue 12).
+    """
+
+    installation_id = models.CharField(max_length=32, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.installation_id

@@ -33,6 +33,7 @@ from coordination import engine
 from coordination.shardmath import parent_indexes, shard_id
 from groups.metadata import seal_key
 from groups.models import Event, Group, Shard, ShardVersion, Stream, StreamState, VersionState
+from groups.namespace import check_new_shards, claim_prefix
 from groups.services import ServiceError, _check_int, shard_cap
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,9 @@ def start_reshard(stream: str, shards: int, *, actor: str = "operator") -> Shard
         current = ShardVersion.objects.get(stream=row, version=row.write_version)
         if shards == current.shard_count:
             raise ServiceError(f"stream {stream!r} already has {shards} shards (version {current.version})")
+        # Keys of the new version already in Redis were not written by this database (issue 12).
+        claim_prefix(row.key_prefix)
+        check_new_shards(row.key_prefix, (shard_id(row.name, current.version + 1, i) for i in range(shards)))
         new = ShardVersion.objects.create(
             stream=row, version=current.version + 1, shard_count=shards, state=VersionState.ACTIVE
         )

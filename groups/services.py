@@ -67,12 +67,25 @@ def _check_int(field: str, value: int, lo: int, hi: int) -> int:
     return value
 
 
-def create_stream(name: str, shards: int, key_prefix: str = "rsc") -> Stream:
+def create_stream(name: str, shards: int, key_prefix: str | None = None) -> Stream:
+    """A stream with `shards` shards (version 1); its Redis keys start with `key_prefix`.
+
+    The prefix defaults to this installation's namespace (`rsc-<id8>`, groups.namespace).
+    Refused when Redis already holds keys of these shards: this database did not write them.
+    """
+    # groups.namespace imports ServiceError from this module.
+    from groups.namespace import check_new_shards, claim_prefix, default_key_prefix
+
     if not STREAM_NAME_RE.fullmatch(name or ""):
         raise ServiceError(f"stream name {name!r} must be 1-200 characters of [A-Za-z0-9._-]")
     _check_int("shards", shards, 1, shard_cap())
-    if not KEY_PREFIX_RE.fullmatch(key_prefix or ""):
+    key_prefix = key_prefix or default_key_prefix()
+    if not KEY_PREFIX_RE.fullmatch(key_prefix):
         raise ServiceError(f"key prefix {key_prefix!r} must be 1-64 characters of [A-Za-z0-9._-]")
+    if Stream.objects.filter(name=name).exists():
+        raise ServiceError(f"stream {name!r} already exists")
+    claim_prefix(key_prefix)
+    check_new_shards(key_prefix, (shard_id(name, 1, i) for i in range(shards)))
     try:
         with transaction.atomic():
             stream = Stream.objects.create(name=name, key_prefix=key_prefix, write_version=1)
@@ -105,9 +118,16 @@ def create_group(
         max_members=max_members,
         start_position=start_position,
     )
+    from groups.namespace import check_new_shards  # imports ServiceError from here
+
     stream_row = Stream.objects.filter(name=stream).first()
     if stream_row is None:
         raise ServiceError(f"stream {stream!r} does not exist")
+    if Group.objects.filter(name=name).exists():
+        raise ServiceError(f"group {name!r} already exists")
+    live_shards = Shard.objects.filter(version__stream=stream_row).exclude(version__state=VersionState.RETIRED)
+    # Fence tokens of a group this database never had would refuse its members' grants.
+    check_new_shards(stream_row.key_prefix, live_shards.values_list("shard_id", flat=True), groups=[name])
     try:
         with transaction.atomic():
             group = Group.objects.create(
@@ -119,11 +139,8 @@ def create_group(
                 max_members=max_members,
                 start_position=start_position,
             )
-            live = Shard.objects.filter(version__stream=stream_row).exclude(
-                version__state=VersionState.RETIRED
-            )
             ShardAssignment.objects.bulk_create(
-                ShardAssignment(group=group, shard=s) for s in live.only("id")
+                ShardAssignment(group=group, shard=s) for s in live_shards.only("id")
             )
     except IntegrityError as exc:
         raise ServiceError(f"group {name!r} already exists") from exc

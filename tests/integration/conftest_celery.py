@@ -30,10 +30,11 @@ TICK_SECONDS = 0.3
 
 @pytest.fixture
 def stream_redis() -> Iterator[redis.Redis]:
-    """The Redis at STREAM_REDIS_URL; test streams are named rs-*, their keys removed after."""
+    """The Redis at STREAM_REDIS_URL; test streams are named rs-*, their keys (under each test
+    database's own prefix, rsc-<id8>) removed after."""
     client = redis.Redis.from_url(settings.STREAM_REDIS_URL, decode_responses=True)
     yield client
-    for key in client.scan_iter("rsc:{rs-*"):
+    for key in client.scan_iter("rsc*:{rs-*"):
         client.delete(key)
     client.close()
 

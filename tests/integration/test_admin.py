@@ -347,7 +347,7 @@ def test_matrix_shows_granted_pending_revoking_and_grant_epochs(hb: Hb, orders: 
 def stream_redis() -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(settings.STREAM_REDIS_URL, decode_responses=True)
     yield client
-    for key in client.scan_iter("rsc:{adm-*"):
+    for key in client.scan_iter("rsc*:{adm-*"):
         client.delete(key)
     client.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from assignments.models import ShardAssignment
+from groups.namespace import default_key_prefix
 from members.models import Member
 
 from .conftest import Hb, make_group
@@ -29,11 +30,11 @@ def test_r1_join_over_http_returns_full_response(hb: Hb):
         "revokingShards": [],
     }
     md = body["metadata"]
-    assert md["metadataEpoch"] == 1 and md["stream"] == "orders" and md["keyPrefix"] == "rsc"
+    assert md["metadataEpoch"] == 1 and md["stream"] == "orders" and md["keyPrefix"] == default_key_prefix()
     shard = md["versions"][0]["shards"][1]
     assert shard == {
-        "shardId": "orders:1:1", "index": 1, "redisKey": "rsc:{orders:1:1}",
-        "sealKey": "rsc:{orders:1:1}:sealed", "hashRange": [2**62, 2**63], "parents": [],
+        "shardId": "orders:1:1", "index": 1, "redisKey": f"{default_key_prefix()}:{{orders:1:1}}",
+        "sealKey": f"{default_key_prefix()}:{{orders:1:1}}:sealed", "hashRange": [2**62, 2**63], "parents": [],
     }
 
 

@@ -11,6 +11,7 @@ from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
 from groups.models import Event, Group, Shard, ShardVersion, Stream
+from groups.namespace import default_key_prefix
 from groups.resharding import ReshardInProgress, StreamNotFound, start_reshard
 from groups.services import MAX_SHARDS, ServiceError, shard_cap
 
@@ -106,13 +107,13 @@ def test_routing_document_for_stream_and_group_keys(api: APIClient, orders: Grou
     assert s == 200
     assert {k: doc[k] for k in ("stream", "writeVersion", "metadataEpoch", "state", "hash", "keyPrefix")} == {
         "stream": "orders", "writeVersion": 1, "metadataEpoch": 1, "state": "STABLE",
-        "hash": "blake2b-64", "keyPrefix": "rsc",
+        "hash": "blake2b-64", "keyPrefix": default_key_prefix(),
     }
     (v1,) = doc["versions"]
     assert (v1["version"], v1["shardCount"], v1["state"]) == (1, 4, "ACTIVE")
     assert v1["shards"][3] == {
-        "shardId": "orders:1:3", "index": 3, "redisKey": "rsc:{orders:1:3}",
-        "sealKey": "rsc:{orders:1:3}:sealed", "hashRange": [3 * 2**62, 2**64], "parents": [],
+        "shardId": "orders:1:3", "index": 3, "redisKey": f"{default_key_prefix()}:{{orders:1:3}}",
+        "sealKey": f"{default_key_prefix()}:{{orders:1:3}}:sealed", "hashRange": [3 * 2**62, 2**64], "parents": [],
     }
     assert get_routing(api, "orders", orders.key) == (200, doc)  # a group key of that stream may read
     for key, stream, status, code in [

@@ -13,7 +13,9 @@ from django.utils import timezone
 
 from assignments.services import heartbeat
 from coordination.model import HeartbeatRequest, RevokeReport, RevokeState
+from groups.metadata import seal_key
 from groups.models import Event, Group, Stream, SweepRun
+from groups.namespace import default_key_prefix
 from groups.resharding import start_reshard
 from groups.services import create_group, create_stream
 from groups.sweeps import run_all_sweeps, run_liveness_sweep, run_resharding_sweep
@@ -108,7 +110,7 @@ def test_l3_two_concurrent_resharding_sweeps_seal_and_retire_once(stream_redis: 
     row = Stream.objects.get(name="rs-conc")
     assert (row.state, row.metadata_epoch) == ("DRAINING", stream_epoch + 2)  # SEALING, DRAINING
     assert Group.objects.get(name="rs-conc-g").metadata_epoch == group_epoch + 1
-    assert stream_redis.exists(*(f"rsc:{{rs-conc:1:{i}}}:sealed" for i in range(4))) == 4
+    assert stream_redis.exists(*(seal_key(default_key_prefix(), f"rs-conc:1:{i}") for i in range(4))) == 4
 
 
 def test_l2_sweep_fences_a_member_that_never_reports_revoked():

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.sqlite.cleanup import delete_namespace_keys
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -14,8 +16,11 @@ def test_quickstart_runs_the_protocol_on_sqlite(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env.update(SQLITE_PATH=str(tmp_path / "coordinator.sqlite3"), PYTHONPATH=str(ROOT),
                LOG_LEVEL="WARNING", REDIS_URL=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    r = subprocess.run([sys.executable, str(Path(__file__).with_name("sqlite_flow.py"))],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    try:
+        r = subprocess.run([sys.executable, str(Path(__file__).with_name("sqlite_flow.py"))],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    finally:  # its seal markers, under that database's own namespace
+        delete_namespace_keys(tmp_path / "coordinator.sqlite3", env["REDIS_URL"])
     assert r.returncode == 0 and "sqlite flow ok" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
     journal = subprocess.run(
         [sys.executable, "-c", "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('PRAGMA journal_mode').fetchone()[0])",

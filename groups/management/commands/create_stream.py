@@ -13,7 +13,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name")
         parser.add_argument("--shards", type=int, required=True)
-        parser.add_argument("--key-prefix", default="rsc", help="prefix of every Redis key (default rsc)")
+        parser.add_argument(
+            "--key-prefix", default=None,
+            help="prefix of every Redis key (default: this installation's namespace, rsc-<id8>)",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         try:

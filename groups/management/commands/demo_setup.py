@@ -1,36 +1,46 @@
 """Set up the demo for `make run`: a stream, a group, fresh keys and an admin login.
 
 Idempotent: an existing stream or group is reused; keys are new on every run (only their
-hashes are stored). Prints shell assignments for scripts/run.sh to source.
+hashes are stored). The demo's names (demo-orders, demo-billing) differ from the README's
+first example, so following the README beside a running demo collides with nothing.
+Prints them as one JSON object (scripts/run.py reads it).
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from groups.models import Group, Stream
-from groups.services import create_api_key, create_group, create_stream
+from groups.namespace import claim_prefix, default_key_prefix
+from groups.services import ServiceError, create_api_key, create_group, create_stream
 
 
 class Command(BaseCommand):
-    help = "Create the demo stream/group/keys and an admin user; print them as shell variables."
+    help = "Create the demo stream/group/keys and an admin user; print them as JSON."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--stream", default="orders")
-        parser.add_argument("--group", default="billing")
+        parser.add_argument("--stream", default="demo-orders")
+        parser.add_argument("--group", default="demo-billing")
         parser.add_argument("--shards", type=int, default=4)
 
     def handle(self, *args: Any, **opts: Any) -> None:
         stream, group = opts["stream"], opts["group"]
-        if not Stream.objects.filter(name=stream).exists():
-            create_stream(stream, opts["shards"])
-        if not Group.objects.filter(name=group).exists():
-            create_group(group, stream, heartbeat_interval_ms=1000, session_timeout_ms=10_000,
-                         rebalance_timeout_ms=30_000)
+        try:
+            existing = Stream.objects.filter(name=stream).first()
+            if existing is None:
+                create_stream(stream, opts["shards"])
+            else:  # a stream of an older run: its prefix must still be this installation's
+                claim_prefix(existing.key_prefix)
+            if not Group.objects.filter(name=group).exists():
+                create_group(group, stream, heartbeat_interval_ms=1000, session_timeout_ms=10_000,
+                             rebalance_timeout_ms=30_000)
+        except ServiceError as exc:
+            raise CommandError(str(exc)) from exc
         username = os.environ.get("RSC_ADMIN_USER", "admin")
         password = os.environ.get("RSC_ADMIN_PASSWORD") or secrets.token_urlsafe(9)
         user_model = get_user_model()
@@ -42,12 +52,12 @@ class Command(BaseCommand):
             user.is_staff = user.is_superuser = True
             user.save()
         values = {
-            "DEMO_STREAM": stream,
-            "DEMO_GROUP": group,
-            "DEMO_GROUP_KEY": create_api_key(group=group, name="demo member"),
-            "DEMO_STREAM_KEY": create_api_key(stream=stream, name="demo producer"),
-            "DEMO_ADMIN_USER": username,
-            "DEMO_ADMIN_PASSWORD": password,
+            "stream": stream,
+            "group": group,
+            "groupKey": create_api_key(group=group, name="demo member"),
+            "streamKey": create_api_key(stream=stream, name="demo producer"),
+            "adminUser": username,
+            "adminPassword": password,
+            "namespace": default_key_prefix(),
         }
-        for name, value in values.items():
-            self.stdout.write(f"{name}={value}")
+        self.stdout.write(json.dumps(values))

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from groups.housekeeping import delete_group
+from groups.management.commands.reshard import default_actor
+from groups.services import ServiceError
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete a consumer group (refused while it has live members). Its Redis consumer groups and "
+        "fence tokens stay unless --purge-redis; until they are gone the name cannot be used again."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("name")
+        parser.add_argument("--purge-redis", action="store_true",
+                            help="also XGROUP DESTROY it on every shard and delete its fence tokens (DLQs stay)")
+        parser.add_argument("--actor", default=default_actor(), help="who did it (default cli:<user>)")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        try:
+            done = delete_group(opts["name"], purge_redis=opts["purge_redis"], actor=opts["actor"])
+        except ServiceError as exc:
+            raise CommandError(str(exc)) from exc
+        if opts["purge_redis"]:
+            self.stdout.write(
+                f"deleted group {done['group']} of stream {done['stream']}; Redis: "
+                f"{done['consumerGroupsDestroyed']} consumer groups destroyed, "
+                f"{done['fenceTokensDeleted']} fence tokens deleted"
+            )
+        else:
+            self.stdout.write(f"deleted group {done['group']} of stream {done['stream']} (Redis keys kept)")

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from groups.housekeeping import list_groups
+from groups.services import ServiceError
+
+
+class Command(BaseCommand):
+    help = "List the consumer groups: stream, live members, epochs."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--stream", help="only the groups of this stream")
+        parser.add_argument("--json", action="store_true")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        try:
+            rows = list_groups(opts["stream"])
+        except ServiceError as exc:
+            raise CommandError(str(exc)) from exc
+        if opts["json"]:
+            self.stdout.write(json.dumps(rows, indent=2))
+            return
+        if not rows:
+            self.stdout.write("no groups")
+        for r in rows:
+            self.stdout.write(
+                f"{r['group']:<30} stream={r['stream']:<30} live members={r['liveMembers']:<5} "
+                f"groupEpoch={r['groupEpoch']} assignmentEpoch={r['assignmentEpoch']}"
+            )

@@ -1,0 +1,135 @@
+"""This installation's namespace on a shared Redis (issue 12.2).
+
+Every database has an installation id (one `Installation` row, made on first use). From it
+come the default key prefix of new streams (`rsc-<id8>`) and the Celery queue and broker key
+prefix (coordinator_project/celery.py), so a second checkout, a reset `var/` or a test
+database on the same Redis starts in a namespace of its own.
+
+A prefix is claimed with an owner key `<prefix>:owner` holding the installation id. Keys this
+database did not write — another installation's owner key, or the seal markers, streams and
+fence tokens of shards this database is only now creating — are refused with a message that
+says so, before anything is written (they would seal a new stream's shards or fence its
+members with tokens nobody here issued).
+"""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from functools import cache
+
+import redis
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from groups.metadata import fence_key, redis_key, seal_key
+from groups.models import Installation
+from groups.services import ServiceError
+
+PREFIX_BASE = "rsc"
+
+
+class ForeignKeysFound(ServiceError):
+    """Redis holds keys in this namespace that this database did not write."""
+
+
+def installation_id() -> str:
+    """The id of the installation this database belongs to (made and stored on first use)."""
+    row = Installation.objects.filter(pk=1).first()
+    if row is not None:
+        return row.installation_id
+    try:
+        with transaction.atomic():
+            row = Installation.objects.create(pk=1, installation_id=uuid.uuid4().hex)
+    except IntegrityError:  # made concurrently by another process: theirs wins
+        row = Installation.objects.get(pk=1)
+    return row.installation_id
+
+
+def namespace_for(install_id: str) -> str:
+    """`rsc-<first 8 hex digits>`: the default key prefix and the Celery queue name."""
+    return f"{PREFIX_BASE}-{install_id[:8]}"
+
+
+def default_key_prefix() -> str:
+    return namespace_for(installation_id())
+
+
+def owner_key(prefix: str) -> str:
+    return f"{prefix}:owner"
+
+
+@cache
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True)
+
+
+def stream_redis() -> redis.Redis:
+    """The Redis holding the streams (STREAM_REDIS_URL)."""
+    return _client(settings.STREAM_REDIS_URL)
+
+
+def claim_prefix(prefix: str, client: redis.Redis | None = None) -> None:
+    """Make `prefix` ours (SET NX of its owner key), or refuse if another installation has it.
+
+    This installation's own default prefix needs no owner key (only a copy of this very
+    database could share it, and a copy would write the same id): nothing is written for it.
+    """
+    mine = installation_id()
+    if prefix == namespace_for(mine):
+        return
+    client = client or stream_redis()
+    with _redis_errors():
+        client.set(owner_key(prefix), mine, nx=True)
+        owner = client.get(owner_key(prefix))
+    if owner != mine:
+        raise ForeignKeysFound(
+            f"Redis key prefix {prefix!r} belongs to another installation (its {owner_key(prefix)} "
+            f"is {owner!r}, this database is {mine!r}): its seal markers and fence tokens are not "
+            f"this database's. Use another key prefix (the default, {default_key_prefix()!r}, is "
+            "this installation's own), or point STREAM_REDIS_URL at another Redis database"
+        )
+
+
+def check_new_shards(
+    prefix: str, shard_ids: Iterable[str], groups: Iterable[str] = (), client: redis.Redis | None = None
+) -> None:
+    """Refuse shards whose stream, seal marker or fence tokens already exist in Redis.
+
+    Called for shards this database is about to create (a new stream, a reshard's new
+    version) or a group it is about to create: any such key was written by someone else.
+    One pipelined EXISTS per key; no SCAN.
+    """
+    client = client or stream_redis()
+    group_names = list(groups)
+    keys: list[str] = []
+    for sid in shard_ids:
+        if group_names:
+            keys.extend(fence_key(prefix, sid, g) for g in group_names)
+        else:
+            keys.extend((redis_key(prefix, sid), seal_key(prefix, sid)))
+    found: list[str] = []
+    with _redis_errors():
+        for start in range(0, len(keys), 1000):
+            pipe = client.pipeline(transaction=False)
+            chunk = keys[start:start + 1000]
+            for key in chunk:
+                pipe.exists(key)
+            found.extend(k for k, n in zip(chunk, pipe.execute(), strict=True) if n)
+    if found:
+        more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+        raise ForeignKeysFound(
+            f"Redis already holds {found[0]}{more}, which this database did not write (another "
+            f"installation, or a deleted stream or group, used key prefix {prefix!r}). Delete "
+            "those keys, or use another key prefix"
+        )
+
+
+@contextmanager
+def _redis_errors() -> Iterator[None]:
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise ServiceError(
+            f"cannot check the stream Redis (STREAM_REDIS_URL) for keys of another installation: {exc}"
+        ) from exc

@@ -1,0 +1,128 @@
+"""Installations sharing one Redis (issue 12.2): each has its own key prefix and Celery
+namespace, and keys this database did not write are refused with a message that says so.
+
+The second installation is a real second database: SQLite in a temp dir, driven through
+manage.py in a subprocess (the test session itself runs on PostgreSQL).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.core.management import CommandError, call_command
+
+from coordinator_project.celery import installation_namespace, namespace_settings
+from groups.metadata import fence_key, seal_key
+from groups.models import Stream
+from groups.namespace import default_key_prefix, installation_id, owner_key
+from groups.resharding import start_reshard
+from groups.services import ServiceError, create_group, create_stream
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db]
+
+OTHER_INSTALLATION = """
+import json
+from coordinator_project.celery import installation_namespace, namespace_settings
+from groups.resharding import start_reshard
+from groups.services import create_stream
+from groups.sweeps import run_all_sweeps
+create_stream("ns-orders", 2)
+create_stream("ns-shared", 1, key_prefix="ns-shared-prefix")
+start_reshard("ns-orders", 3)
+run_all_sweeps()  # PREPARING -> SEALING
+run_all_sweeps()  # seal markers of version 1
+ns = installation_namespace()
+print(json.dumps({"namespace": ns, "celery": namespace_settings(ns)}))
+"""
+
+
+@pytest.fixture
+def stream_redis() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(settings.STREAM_REDIS_URL, decode_responses=True)
+    yield client
+    for pattern in ("rsc*:{ns-*", "ns-shared-prefix:*"):
+        for key in client.scan_iter(pattern, count=1000):
+            client.delete(key)
+    client.close()
+
+
+def other_installation(tmp_path: Path) -> dict:
+    """A second installation (its own SQLite database) on this Redis: streams, a reshard, seals."""
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "CELERY_NAMESPACE"}}
+    env.update(SQLITE_PATH=str(tmp_path / "other.sqlite3"), REDIS_URL=settings.REDIS_URL,
+               STREAM_REDIS_URL=settings.STREAM_REDIS_URL, LOG_LEVEL="WARNING")
+    for argv in (["migrate", "-v0"], ["shell", "-c", OTHER_INSTALLATION]):
+        done = subprocess.run([sys.executable, "manage.py", *argv], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=180)
+        assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_ns_two_installations_on_one_redis_do_not_see_each_others_keys(
+    tmp_path: Path, stream_redis: redis.Redis
+):
+    create_stream("ns-orders", 2)  # the same stream name in this installation
+    mine = default_key_prefix()
+    assert Stream.objects.get(name="ns-orders").key_prefix == mine == f"rsc-{installation_id()[:8]}"
+
+    other = other_installation(tmp_path)
+
+    theirs = other["namespace"]
+    assert theirs != mine and theirs.startswith("rsc-")
+    # Their reshard sealed their version 1, under their prefix; nothing appeared under ours.
+    assert stream_redis.exists(*(seal_key(theirs, f"ns-orders:1:{i}") for i in range(2))) == 2
+    assert list(stream_redis.scan_iter(f"{mine}:*", count=1000)) == []
+    # ... so this installation's stream is not sealed and reshards normally.
+    assert start_reshard("ns-orders", 4).version == 2
+    # Celery: their own queue, exchanges and broker key prefix.
+    ours_celery = namespace_settings(installation_namespace())
+    assert ours_celery["task_default_queue"] == mine and other["celery"]["task_default_queue"] == theirs
+    assert ours_celery["broker_transport_options"]["global_keyprefix"] == f"{mine}:"
+    assert other["celery"]["broker_transport_options"]["global_keyprefix"] == f"{theirs}:"
+    assert ours_celery["control_exchange"] != other["celery"]["control_exchange"]
+
+
+def test_ns_a_key_prefix_owned_by_another_installation_is_refused(tmp_path: Path, stream_redis: redis.Redis):
+    other = other_installation(tmp_path)
+    assert stream_redis.get(owner_key("ns-shared-prefix")) not in (None, installation_id())
+
+    with pytest.raises(ServiceError) as refused:
+        create_stream("ns-mine", 1, key_prefix="ns-shared-prefix")
+    assert str(refused.value).startswith("Redis key prefix 'ns-shared-prefix' belongs to another installation")
+    assert installation_id() in str(refused.value) and other["namespace"] not in str(refused.value)
+    assert not Stream.objects.filter(name="ns-mine").exists()
+    with pytest.raises(CommandError, match="belongs to another installation"):
+        call_command("create_stream", "ns-mine", "--shards", "1", "--key-prefix", "ns-shared-prefix")
+
+
+def test_ns_leftover_seal_markers_and_fence_tokens_are_refused(stream_redis: redis.Redis):
+    prefix = default_key_prefix()
+    # A reset database on the same Redis: markers of shards this database never had.
+    stream_redis.set(seal_key(prefix, "ns-left:1:1"), "{}")
+    with pytest.raises(ServiceError) as refused:
+        create_stream("ns-left", 2)
+    assert str(refused.value) == (
+        f"Redis already holds {seal_key(prefix, 'ns-left:1:1')}, which this database did not write "
+        f"(another installation, or a deleted stream or group, used key prefix {prefix!r}). Delete "
+        "those keys, or use another key prefix"
+    )
+    assert not Stream.objects.filter(name="ns-left").exists()
+
+    create_stream("ns-ok", 2)
+    stream_redis.set(fence_key(prefix, "ns-ok:1:0", "ns-g"), "7:m-old")
+    with pytest.raises(ServiceError, match=r"already holds .*:\{ns-ok:1:0\}:fence:ns-g"):
+        create_group("ns-g", "ns-ok")
+    create_group("ns-g2", "ns-ok")  # another group's name has no tokens: fine
+
+    stream_redis.set(f"{prefix}:{{ns-ok:2:0}}", "x")  # a stream key of the next version
+    with pytest.raises(ServiceError, match=r"already holds .*:\{ns-ok:2:0\}, which this database did not write"):
+        start_reshard("ns-ok", 3)
+    assert Stream.objects.get(name="ns-ok").write_version == 1
