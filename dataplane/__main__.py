@@ -90,6 +90,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="module:function taking a Message (the current directory is on sys.path)",
     )
     c.add_argument("--member-id", dest="member_id")
+    c.add_argument(
+        "--instance-id",
+        dest="instance_id",
+        default=os.environ.get("RSC_INSTANCE_ID") or None,
+        help="static membership (PROTOCOL §9): a restart with the same id gets the same shards "
+        "back; stopping sends a temporary leave (-2). Default: $RSC_INSTANCE_ID",
+    )
+    c.add_argument(
+        "--max-concurrency",
+        dest="max_concurrency",
+        type=int,
+        default=16,
+        help="async handlers: coroutines in flight at most",
+    )
     c.add_argument("--workers", type=int, default=4)
     c.add_argument("--batch-size", dest="batch_size", type=int, default=100)
     c.add_argument("--block-ms", dest="block_ms", type=int, default=1000)
@@ -330,6 +344,8 @@ def cmd_consume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             handler,
             redis_url=args.redis,
             member_id=args.member_id,
+            instance_id=args.instance_id,
+            max_concurrency=args.max_concurrency,
             workers=args.workers,
             batch_size=args.batch_size,
             block_ms=args.block_ms,
@@ -419,10 +435,15 @@ def cmd_dlq(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # The member's own lifecycle (grants, revocations, drains, fences, rejoins) at INFO; the
+    # per-request HTTP lines of httpx only with -v.
     logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
+        level=logging.INFO - 10 * min(args.verbose, 1),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("httpx").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    logging.getLogger("httpcore").setLevel(logging.DEBUG if args.verbose > 1 else logging.WARNING)
+    from .errors import ConfigurationError, RedisUnavailableError
     from .transport import CoordinatorError, CoordinatorUnavailable
 
     try:
@@ -438,6 +459,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PreflightError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except RedisUnavailableError as exc:  # Consumer.run() before its first join
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except ConfigurationError as exc:  # refused key or unknown group before the first join
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except CoordinatorError as exc:
         print(f"error: coordinator refused: {exc}", file=sys.stderr)
         return EXIT_CONFIG
