@@ -369,7 +369,7 @@ class Supervisor:
             f"   namespace: {demo['namespace']} (Redis key prefix of new streams and the Celery queue)",
             f"   describe:  curl -H 'Authorization: Bearer {demo['groupKey']}' {url}/api/v1/groups/{demo['group']}",
             f"   group key: {demo['groupKey']}",
-            f"   stream key (producers, reshard): {demo['streamKey']}",
+            f"   stream key (producers; routing only): {demo['streamKey']}",
             f"   try:       .venv/bin/python manage.py reshard {demo['stream']} --shards 6   (then watch the admin)",
             "   Ctrl-C stops everything (the demo members leave the group first).",
             "",
