@@ -8,7 +8,14 @@ from typing import Any
 from django.db import transaction
 
 from assignments import fastpath
-from assignments.store import load_state, lock_group, save_state
+from assignments.store import (
+    live_member_counts,
+    load_for_heartbeat,
+    load_state,
+    lock_group,
+    save_state,
+    snapshots_enabled,
+)
 from coordination import engine
 from coordination.model import (
     Assignment,
@@ -43,6 +50,10 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> Heartbea
                 ),
                 {"metadataEpoch": steady.metadata_epoch},
             )
+    if req.member_epoch == 0:
+        refused = _refused_join(group_name, req)
+        if refused is not None:
+            return HeartbeatResult(refused, None)  # decided without the lock or a snapshot
     with transaction.atomic():
         group = lock_group(group_name)
         if group is None:
@@ -54,7 +65,9 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> Heartbea
                 ),
                 None,
             )
-        if engine.needs_full_state(req):
+        if snapshots_enabled():
+            state, loaded = load_for_heartbeat(group, req.member_id)
+        elif engine.needs_full_state(req):
             state, loaded = load_state(group, also_members=(req.member_id,))
         else:
             claimed = (req.owned_shards or ()) + tuple(r.shard for r in req.revoking_shards)
@@ -68,6 +81,25 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> Heartbea
     else:
         metadata = {"metadataEpoch": group.metadata_epoch}
     return HeartbeatResult(response, metadata)
+
+
+def _refused_join(group_name: str, req: HeartbeatRequest) -> HeartbeatResponse | None:
+    """R1's maxMembers refusal from two counts, before the group lock and the snapshot.
+
+    A refusal changes nothing, so it needs no lock: the counts come from one statement (one
+    consistent view), and the core would give the same answer at that moment. Joins that
+    carry ownedShards are left to the core (C5 is checked before capacity).
+    """
+    if req.owned_shards or getattr(req, "instance_id", None):
+        return None  # a static member (§9) may replace its old incarnation: the core decides
+    counts = live_member_counts(group_name, req.member_id)
+    if counts is None:
+        return None  # no such group: the locked path answers
+    max_members, live, rejoin = counts
+    full = engine.r1_check_capacity(group_name, max_members, live, rejoin=rejoin)
+    if full is None:
+        return None
+    return HeartbeatResponse(error_code=full.code, error_message=full.message, member_id=req.member_id)
 
 
 def response_body(result: HeartbeatResult) -> dict[str, Any]:

@@ -201,6 +201,14 @@ class GroupState:
     def live_members(self) -> list[Member]:
         return [m for m in self.members.values() if m.live]
 
+    def load_slot(self, slot: ShardSlot) -> None:
+        """The shell re-read a slot from storage (snapshot catch-up): not a change."""
+        old = self.shards.get(slot.shard_id)
+        if old is not None:
+            self._unindex(old)
+        self.shards[slot.shard_id] = slot
+        self._index(slot)
+
     # -- mutations (the only writers of slots) ---------------------------------------------
     def _mutate_slot(self, shard_id: str, **values: object) -> None:
         slot = self.shards[shard_id]

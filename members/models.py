@@ -22,11 +22,14 @@ class Member(models.Model):
     last_reported_owned = models.JSONField(default=list, blank=True, editable=False)
     fenced_reason = models.CharField(max_length=500, blank=True)
     fenced_by = models.CharField(max_length=150, blank=True)
+    # The group's state_version of the last locked write of this row (snapshot deltas).
+    state_version = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["group", "member_id"], name="uniq_group_member"),
         ]
+        indexes = [models.Index(fields=["group", "state_version"], name="member_group_version")]
         permissions = [("fence_member", "Can fence or remove members")]
 
     def __str__(self) -> str:
