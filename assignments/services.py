@@ -18,11 +18,9 @@ from assignments.store import (
 )
 from coordination import engine
 from coordination.model import (
-    Assignment,
     ErrorCode,
     HeartbeatRequest,
     HeartbeatResponse,
-    Status,
 )
 from groups.metadata import group_metadata
 from groups.models import Group
@@ -32,24 +30,16 @@ from groups.models import Group
 class HeartbeatResult:
     response: HeartbeatResponse
     metadata: dict[str, Any] | None  # None on errors
+    path: str = "locked"  # "fast": answered without the group lock (assignments.fastpath)
 
 
 def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> HeartbeatResult:
-    if fastpath.available() and fastpath.eligible(req):
-        steady = fastpath.steady_heartbeat(group_name, req, now)
-        if steady is not None:
-            return HeartbeatResult(
-                HeartbeatResponse(
-                    error_code=ErrorCode.NONE,
-                    status=Status.OK,
-                    member_id=req.member_id,
-                    member_epoch=req.member_epoch,
-                    assignment_epoch=steady.assignment_epoch,
-                    heartbeat_interval_ms=steady.heartbeat_interval_ms,
-                    assignment=Assignment(assigned=steady.assigned),
-                ),
-                {"metadataEpoch": steady.metadata_epoch},
-            )
+    if fastpath.available():
+        if fastpath.eligible(req):
+            steady = fastpath.steady_heartbeat(group_name, req, now)
+            if steady is not None:
+                return HeartbeatResult(steady.response, {"metadataEpoch": steady.metadata_epoch}, "fast")
+        fastpath.flush_stamps()  # the locked pass below reads this process's latest stamps
     if req.member_epoch == 0:
         refused = _refused_join(group_name, req)
         if refused is not None:

@@ -274,15 +274,15 @@ def live_member_counts(group_name: str, member_id: str) -> tuple[int, int, bool]
 
 
 @dataclass
-class _Snapshot:
+class Snapshot:
     state: GroupState
     loaded: Loaded
     pk_member: dict[int, str]
     version: int
-    shape: tuple[int, int, int]  # stream, group and stream metadataEpoch: the slot set's shape
+    shape: tuple[object, ...]  # what a version number alone does not cover (see _shape)
 
 
-_snapshots: OrderedDict[int, _Snapshot] = OrderedDict()
+_snapshots: OrderedDict[int, Snapshot] = OrderedDict()
 _snapshots_lock = threading.Lock()
 _SNAPSHOT_GROUPS = 64  # groups per process; the least recently used snapshot goes first
 
@@ -291,12 +291,12 @@ def snapshots_enabled() -> bool:
     return bool(getattr(settings, "RSC_GROUP_SNAPSHOTS", True))
 
 
-def _checkout(group_pk: int) -> _Snapshot | None:
+def _checkout(group_pk: int) -> Snapshot | None:
     with _snapshots_lock:
         return _snapshots.pop(group_pk, None)
 
 
-def _checkin(group_pk: int, snap: _Snapshot) -> None:
+def _checkin(group_pk: int, snap: Snapshot) -> None:
     with _snapshots_lock:
         _snapshots[group_pk] = snap
         while len(_snapshots) > _SNAPSHOT_GROUPS:
@@ -308,12 +308,40 @@ def forget_snapshots() -> None:
         _snapshots.clear()
 
 
-def _shape(group: Group) -> tuple[int, int, int]:
-    # Slots are added or removed only together with a metadataEpoch rise (resharding).
-    return (group.stream_id, group.metadata_epoch, group.stream.metadata_epoch)
+def _shape(group: Group) -> tuple[object, ...]:
+    # Slots are added or removed only together with a metadataEpoch rise (resharding); the
+    # creation time tells a group recreated under a reused id (a restored database) apart.
+    return (group.created_at, group.stream_id, group.metadata_epoch, group.stream.metadata_epoch)
 
 
-def _catch_up(snap: _Snapshot, group: Group) -> None:
+def steady_snapshot(group_pk: int, version: int, shape: tuple[object, ...]) -> Snapshot | None:
+    """Check out the group's snapshot if it is exactly the committed state `version` (the
+    caller read version and shape in one statement); give it back with `return_snapshot`."""
+    snap = _checkout(group_pk)
+    if snap is None:
+        return None
+    if snap.version != version or snap.shape != shape:
+        if snap.shape == shape and snap.version < version:
+            _checkin(group_pk, snap)  # behind: the next locked pass here catches it up
+        return None
+    return snap
+
+
+def return_snapshot(group_pk: int, snap: Snapshot) -> None:
+    _checkin(group_pk, snap)
+
+
+def refresh_snapshot(group_name: str) -> None:
+    """Bring this process's snapshot of the group up to date, if the group lock is free now
+    (a steady heartbeat found it behind; waiting here would queue it behind a join)."""
+    with transaction.atomic():
+        group = (Group.objects.select_for_update(of=("self",), skip_locked=True)
+                 .select_related("stream").filter(name=group_name).first())
+        if group is not None:
+            load_for_heartbeat(group, None)
+
+
+def _catch_up(snap: Snapshot, group: Group) -> None:
     """Re-read the member and slot rows written after the snapshot's version (under the lock)."""
     state, loaded = snap.state, snap.loaded
     with connection.cursor() as cursor:
@@ -330,7 +358,7 @@ def _catch_up(snap: _Snapshot, group: Group) -> None:
             state.load_slot(slot)
 
 
-def _put_member(snap: _Snapshot, row: tuple, reports: dict[str, list[str]], keep: bool = False) -> None:
+def _put_member(snap: Snapshot, row: tuple, reports: dict[str, list[str]], keep: bool = False) -> None:
     """Place a fresh member row in the snapshot as a full load would: live members (and the
     heartbeating member, `keep`) are in, tombstones out."""
     pk, mid = row[0], row[1]
@@ -345,14 +373,14 @@ def _put_member(snap: _Snapshot, row: tuple, reports: dict[str, list[str]], keep
     snap.loaded.member_values.pop(mid, None)
 
 
-def _drop_member(snap: _Snapshot, mid: str) -> None:
+def _drop_member(snap: Snapshot, mid: str) -> None:
     snap.state.members.pop(mid, None)
     snap.loaded.member_pk.pop(mid, None)
     snap.loaded.member_rows.pop(mid, None)
     snap.loaded.member_values.pop(mid, None)
 
 
-def load_for_heartbeat(group: Group, member_id: str) -> tuple[GroupState, Loaded]:
+def load_for_heartbeat(group: Group, member_id: str | None) -> tuple[GroupState, Loaded]:
     """The full snapshot a locked heartbeat needs (the caller holds the group lock), from this
     process's cache when it can be brought up to date cheaply; exactly what
     `load_state(group, also_members=(member_id,))` returns.
@@ -361,21 +389,22 @@ def load_for_heartbeat(group: Group, member_id: str) -> tuple[GroupState, Loaded
     if snap is not None and (snap.shape != _shape(group) or snap.version > group.state_version):
         snap = None  # a reshard step changed the slot set, or the database went back
     if snap is None:
-        state, loaded = load_state(group, also_members=(member_id,))
-        snap = _Snapshot(state, loaded, {pk: mid for mid, pk in loaded.member_pk.items()},
+        state, loaded = load_state(group, also_members=(member_id,) if member_id else ())
+        snap = Snapshot(state, loaded, {pk: mid for mid, pk in loaded.member_pk.items()},
                          group.state_version, _shape(group))
     else:
         if snap.version < group.state_version:
             _catch_up(snap, group)
         # The heartbeating member's row is always read fresh: its last-seen and last report
         # are written by the lock-free steady path, which does not raise the version.
-        with connection.cursor() as cursor:
-            cursor.execute(_MEMBER_SQL + " AND member_id = %s", [group.pk, member_id])
-            row = cursor.fetchone()
-            if row is not None:
-                _put_member(snap, row, _reports(cursor, group, [member_id]), keep=True)
-            else:
-                _drop_member(snap, member_id)
+        if member_id is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(_MEMBER_SQL + " AND member_id = %s", [group.pk, member_id])
+                row = cursor.fetchone()
+                if row is not None:
+                    _put_member(snap, row, _reports(cursor, group, [member_id]), keep=True)
+                else:
+                    _drop_member(snap, member_id)
         state = snap.state
         state.group_epoch = group.group_epoch
         state.assignment_epoch = group.assignment_epoch
@@ -391,7 +420,7 @@ def load_for_heartbeat(group: Group, member_id: str) -> tuple[GroupState, Loaded
         # Runs only after the commit: the snapshot now matches the version just committed.
         for mid in snap.state.changes.members:  # new rows: slots name their members by pk
             snap.pk_member[snap.loaded.member_pk[mid]] = mid
-        member = snap.state.members.get(member_id)
+        member = snap.state.members.get(member_id) if member_id else None
         if member is not None:
             if member.live:
                 member.last_reported_owned = None  # a full load reads it for the heartbeating member only

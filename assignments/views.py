@@ -56,7 +56,8 @@ class HeartbeatView(APIView):
         response = super().dispatch(request, *args, **kwargs)
         # The body only if the view parsed it: an unauthenticated body is never parsed for a log.
         record_heartbeat(kwargs.get("group", ""), getattr(self.request, "_full_data", None),
-                         getattr(response, "data", None), time.perf_counter() - started)
+                         getattr(response, "data", None), time.perf_counter() - started,
+                         getattr(response, "heartbeat_path", ""))
         return response
 
     @extend_schema(
@@ -75,4 +76,6 @@ class HeartbeatView(APIView):
         except InvalidRequest as exc:
             return Response(error_body("INVALID_REQUEST", str(exc)), 400)
         result = services.heartbeat(group, req, timezone.now())
-        return Response(services.response_body(result), status=result.response.http_status)
+        response = Response(services.response_body(result), status=result.response.http_status)
+        response.heartbeat_path = result.path  # type: ignore[attr-defined]  # the metric's label
+        return response

@@ -40,8 +40,10 @@ log = logging.getLogger("coordinator.heartbeat")
 
 HEARTBEATS = Counter(
     "rsc_heartbeats",
-    "Heartbeat requests answered, by errorCode and status (status is empty on errors).",
-    ["error_code", "status"],
+    "Heartbeat requests answered, by errorCode, status (empty on errors) and path: fast (no"
+    " group lock, assignments.fastpath), locked (the core under the group lock), or empty"
+    " (refused before the service: authentication, validation).",
+    ["error_code", "status", "path"],
 )
 HEARTBEAT_LATENCY = Histogram(
     "rsc_heartbeat_latency_seconds",
@@ -50,11 +52,11 @@ HEARTBEAT_LATENCY = Histogram(
 )
 
 
-def record_heartbeat(group: str, data: Any, body: Any, seconds: float) -> None:
+def record_heartbeat(group: str, data: Any, body: Any, seconds: float, path: str = "") -> None:
     """Count one answered heartbeat; log it when refused. Cheap: no I/O besides the log line."""
     body = body if isinstance(body, dict) else {}
     code = str(body.get("errorCode") or "NONE")
-    HEARTBEATS.labels(code, str(body.get("status") or "")).inc()
+    HEARTBEATS.labels(code, str(body.get("status") or ""), path).inc()
     HEARTBEAT_LATENCY.observe(seconds)
     if code != "NONE":
         req = data if isinstance(data, dict) else {}
