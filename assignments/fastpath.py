@@ -123,7 +123,9 @@ class SteadyAnswer:
 
 
 def available() -> bool:
-    return "liveness" in connections.databases
+    """PostgreSQL with the liveness connection, and not switched off (RSC_FAST_PATH=False
+    forces every heartbeat through the locked core path, e.g. to compare the two)."""
+    return "liveness" in connections.databases and getattr(settings, "RSC_FAST_PATH", True)
 
 
 def eligible(req: HeartbeatRequest) -> bool:

@@ -34,12 +34,11 @@ class HeartbeatResult:
 
 
 def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> HeartbeatResult:
-    if fastpath.available():
-        if fastpath.eligible(req):
-            steady = fastpath.steady_heartbeat(group_name, req, now)
-            if steady is not None:
-                return HeartbeatResult(steady.response, {"metadataEpoch": steady.metadata_epoch}, "fast")
-        fastpath.flush_stamps()  # the locked pass below reads this process's latest stamps
+    if fastpath.available() and fastpath.eligible(req):
+        steady = fastpath.steady_heartbeat(group_name, req, now)
+        if steady is not None:
+            return HeartbeatResult(steady.response, {"metadataEpoch": steady.metadata_epoch}, "fast")
+    fastpath.flush_stamps()  # the locked pass below reads this process's latest stamps
     if req.member_epoch == 0:
         refused = _refused_join(group_name, req)
         if refused is not None:

@@ -469,10 +469,15 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
             values["last_reported_owned"] = list(m.last_reported_owned)
         pk = loaded.member_pk.get(mid)
         if pk is None:
-            # A tombstone not loaded (or a new member): upsert by the natural key.
-            row, _ = MemberRow.objects.update_or_create(
-                group=group, member_id=mid, defaults={**values, "state_version": version}
+            # A tombstone not loaded (or a new member): upsert by the natural key, in one
+            # statement (update_or_create costs a read, a savepoint and a write).
+            row = MemberRow(group=group, member_id=mid, state_version=version, **values)
+            MemberRow.objects.bulk_create(
+                [row], update_conflicts=True, unique_fields=["group", "member_id"],
+                update_fields=[*values, "state_version"],
             )
+            if row.pk is None:  # a backend that returns no ids from an upsert
+                row.pk = MemberRow.objects.get(group=group, member_id=mid).pk
             loaded.member_pk[mid] = row.pk
             loaded.member_values[mid] = values
             continue

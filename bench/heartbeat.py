@@ -324,7 +324,10 @@ def main() -> None:
             raise SystemExit(1)
     finally:
         server.terminate()
-        server.wait(10)
+        try:
+            server.wait(60)  # workers write their last batch of last-seen stamps first
+        except subprocess.TimeoutExpired:
+            server.kill()
 
 
 if __name__ == "__main__":
