@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -116,6 +117,9 @@ UPDATE {_M} AS m
 """
 
 
+_refreshed: dict[int, float] = {}  # group pk -> when a steady heartbeat last caught up here
+
+
 @dataclass(frozen=True)
 class SteadyAnswer:
     response: HeartbeatResponse
@@ -164,7 +168,11 @@ def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> Steady
             if snap is not None:
                 return _from_snapshot(group_pk, snap, req, now)
             answer = _by_statement(group, req, now)
-            store.refresh_snapshot(group)
+            # Catch up here at most once a second: while a group churns, its locked
+            # heartbeats keep this process's snapshot current anyway.
+            if time.monotonic() - _refreshed.get(group_pk, 0.0) > 1.0:
+                _refreshed[group_pk] = time.monotonic()
+                store.refresh_snapshot(group)
             return answer
         return _by_statement(group, req, now)
     except DatabaseError:
