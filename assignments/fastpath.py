@@ -102,16 +102,20 @@ SELECT g.{_c(Group, "id")}, g.{_c(Group, "state_version")}, g.{_c(Group, "create
  WHERE g.{_c(Group, "name")} = %s
 """
 
-# One batch of stamps. Placeholders: member ids, times, reports (json or null), epochs, status.
+# One batch of stamps. Placeholders: member ids, times, reports (json or null), epochs, and
+# the status once per row. The status comes in as a joined column, not a constant: without
+# statistics (right after a join storm) the planner otherwise scans the status index and
+# compares every STABLE member with every stamp; joined on the primary key it cannot.
 # A stamp never moves last-seen back (a locked write may have stamped later) and never
 # touches a member that stopped being STABLE at that epoch (a sweep or fence won).
 _STAMP_SQL = f"""
 UPDATE {_M} AS m
    SET {_c(MemberRow, "last_heartbeat_at")} = v.ts,
        {_c(MemberRow, "last_reported_owned")} = COALESCE(v.owned, m.{_c(MemberRow, "last_reported_owned")})
-  FROM unnest(%s::bigint[], %s::timestamptz[], %s::jsonb[], %s::integer[]) AS v(id, ts, owned, epoch)
+  FROM unnest(%s::bigint[], %s::timestamptz[], %s::jsonb[], %s::integer[], %s::text[])
+       AS v(id, ts, owned, epoch, status)
  WHERE m.{_c(MemberRow, "id")} = v.id
-   AND m.{_c(MemberRow, "status")} = %s
+   AND m.{_c(MemberRow, "status")} = v.status
    AND m.{_c(MemberRow, "member_epoch")} = v.epoch
    AND (m.{_c(MemberRow, "last_heartbeat_at")} IS NULL OR m.{_c(MemberRow, "last_heartbeat_at")} < v.ts)
 """
@@ -291,7 +295,7 @@ class _Stamps:
             return
         ids = list(rows)
         params = (ids, [rows[i][0] for i in ids], [rows[i][1] for i in ids], [rows[i][2] for i in ids],
-                  MemberStatus.STABLE.value)
+                  [MemberStatus.STABLE.value] * len(ids))
         conn = connections["liveness"]
         try:
             with conn.cursor() as cursor:
