@@ -434,6 +434,18 @@ def load_for_heartbeat(group: Group, member_id: str | None) -> tuple[GroupState,
     return snap.state, snap.loaded
 
 
+# After a burst of locked writes (a join storm writes a group's rows in seconds) the planner
+# must not keep planning on statistics of the empty tables until autovacuum comes, if it is
+# on at all: every ANALYZE_EVERY-th write of a group analyzes the member and slot tables
+# (tens of ms, after the commit, outside the lock).
+ANALYZE_EVERY = 500
+
+
+def _analyze_hot_tables() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {MemberRow._meta.db_table}, {ShardAssignment._meta.db_table}")
+
+
 def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = "") -> None:
     """Write the dirty group, member and slot rows and the events, in that order."""
     changes = state.changes
@@ -450,6 +462,8 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
     Group.objects.filter(pk=group.pk).update(
         group_epoch=state.group_epoch, assignment_epoch=state.assignment_epoch, state_version=version
     )
+    if version % ANALYZE_EVERY == 0 and connection.vendor == "postgresql":
+        transaction.on_commit(_analyze_hot_tables)
     for mid in sorted(changes.members):
         m = state.members[mid]
         values: dict[str, object] = dict(
