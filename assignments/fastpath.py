@@ -1,70 +1,139 @@
-"""The steady-state heartbeat in one SQL statement, without the group lock (PostgreSQL only).
+"""Steady-state heartbeats without the group lock (PostgreSQL only).
 
 A heartbeat of a STABLE member at the current assignment and metadata epochs, reporting no
 revocations or drains and claiming only shards it is granted, changes nothing but liveness:
-the core would answer OK with its granted shards (R3, R4, R6 with nothing to do). This
-statement checks exactly those conditions and stamps last-seen; if any fails it returns no
-row and the caller takes the locked path, where the core decides. Anything that changes a
-member's ownership either changes its row (status, epoch) or raises the group's
-assignmentEpoch, so a matching row proves the cached answer is still the core's answer.
-It runs on the "liveness" connection (synchronous_commit=off): a lost last-seen stamp in a
-crash is harmless, and fsync stalls would otherwise gate every heartbeat.
+the core answers OK with its granted shards (R3, R4, R6 with nothing to do). Two ways to
+answer it, both exact, both falling back to the locked path whenever a condition fails:
+
+1. From this process's snapshot of the group (`assignments.store`), when one read of the
+   group row shows that the snapshot is the committed state (same state_version, raised by
+   every locked write; same metadata epochs). The core itself answers on the snapshot, and
+   the answer is used only if the core changed nothing but the member's last-seen and last
+   report. Those are stamped in batches: one statement per process every `STAMP_PERIOD`
+   (a background thread), so the database does one small read per heartbeat instead of a
+   write. L1 allows for the batch period (`members.services.sweep_liveness`).
+2. Otherwise by one SQL statement that checks the same conditions and stamps last-seen at
+   once (`_SQL`); a snapshot found behind is then caught up if the group lock is free.
+
+Anything that changes a member's ownership either changes its row (status, epoch) or raises
+the group's assignmentEpoch, and every locked write raises state_version, so a matching row
+proves the cached answer is still the core's answer. Statements run on the "liveness"
+connection (synchronous_commit=off): a lost last-seen stamp in a crash is harmless, and
+fsync stalls would otherwise gate every heartbeat. SQL is built from model metadata.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import os
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from django.db import DatabaseError, connections
 
-from coordination.model import HeartbeatRequest
+from assignments import store
+from assignments.models import ShardAssignment
+from coordination import engine
+from coordination.model import HeartbeatRequest, HeartbeatResponse, MemberStatus, Status
+from groups.models import Group, Shard, Stream
+from members.models import Member as MemberRow
 
 log = logging.getLogger(__name__)
 
-_SQL = """
+# Seconds between two batched last-seen stamps of a process; L1 adds it to the session timeout.
+STAMP_PERIOD = float(getattr(settings, "RSC_STAMP_PERIOD_S", 0.1))
+
+
+def _t(model: type) -> str:
+    return model._meta.db_table  # type: ignore[attr-defined]
+
+
+def _c(model: type, name: str) -> str:
+    return model._meta.get_field(name).column  # type: ignore[attr-defined]
+
+
+_G, _M, _A, _S, _ST = _t(Group), _t(MemberRow), _t(ShardAssignment), _t(Shard), _t(Stream)
+
+# The single-statement path. Placeholders, in order: memberId, group, status, memberEpoch,
+# metadataEpoch, now, owned (json), status, memberEpoch, owned (text[]), owned (text[]).
+_SQL = f"""
 WITH me AS (
-    SELECT m.id, g.assignment_epoch, g.heartbeat_interval_ms, g.metadata_epoch
-      FROM groups_group AS g
-      JOIN members_member AS m ON m.group_id = g.id AND m.member_id = %s
-     WHERE g.name = %s
-       AND m.status = 'STABLE'
-       AND m.member_epoch = %s
-       AND g.assignment_epoch = m.member_epoch
-       AND g.metadata_epoch = %s
+    SELECT m.{_c(MemberRow, "id")} AS id, g.{_c(Group, "assignment_epoch")} AS assignment_epoch,
+           g.{_c(Group, "heartbeat_interval_ms")} AS heartbeat_interval_ms,
+           g.{_c(Group, "metadata_epoch")} AS metadata_epoch
+      FROM {_G} AS g
+      JOIN {_M} AS m ON m.{_c(MemberRow, "group")} = g.{_c(Group, "id")} AND m.{_c(MemberRow, "member_id")} = %s
+     WHERE g.{_c(Group, "name")} = %s
+       AND m.{_c(MemberRow, "status")} = %s
+       AND m.{_c(MemberRow, "member_epoch")} = %s
+       AND g.{_c(Group, "assignment_epoch")} = m.{_c(MemberRow, "member_epoch")}
+       AND g.{_c(Group, "metadata_epoch")} = %s
 ), granted AS (
-    SELECT COALESCE(array_agg(s.shard_id::text ORDER BY s.version_id, s.index), '{}') AS shards
+    SELECT COALESCE(array_agg(s.{_c(Shard, "shard_id")}::text
+                              ORDER BY s.{_c(Shard, "version")}, s.{_c(Shard, "index")}), '{{}}') AS shards
       FROM me
-      JOIN assignments_shardassignment AS a ON a.owner_id = me.id AND NOT a.revoking
-      JOIN groups_shard AS s ON s.id = a.shard_id
+      JOIN {_A} AS a ON a.{_c(ShardAssignment, "owner")} = me.id AND NOT a.{_c(ShardAssignment, "revoking")}
+      JOIN {_S} AS s ON s.{_c(Shard, "id")} = a.{_c(ShardAssignment, "shard")}
 ), stamped AS (
     -- Re-checked on the row's newest version, so a concurrent sweep or fence wins.
-    UPDATE members_member AS m
-       SET last_heartbeat_at = %s,
-           last_reported_owned = COALESCE(%s::jsonb, m.last_reported_owned)
+    UPDATE {_M} AS m
+       SET {_c(MemberRow, "last_heartbeat_at")} = %s,
+           {_c(MemberRow, "last_reported_owned")} = COALESCE(%s::jsonb, m.{_c(MemberRow, "last_reported_owned")})
       FROM me, granted
-     WHERE m.id = me.id
-       AND m.status = 'STABLE'
-       AND m.member_epoch = %s
+     WHERE m.{_c(MemberRow, "id")} = me.id
+       AND m.{_c(MemberRow, "status")} = %s
+       AND m.{_c(MemberRow, "member_epoch")} = %s
        AND (%s::text[] IS NULL OR %s::text[] <@ granted.shards)
-    RETURNING m.id
+    RETURNING m.{_c(MemberRow, "id")}
 )
 SELECT me.assignment_epoch, me.heartbeat_interval_ms, me.metadata_epoch, granted.shards
   FROM stamped, me, granted
 """
 
+# What proves a snapshot current: one indexed read of the group and its stream row.
+_VERSION_SQL = f"""
+SELECT g.{_c(Group, "id")}, g.{_c(Group, "state_version")}, g.{_c(Group, "created_at")},
+       g.{_c(Group, "stream")}, g.{_c(Group, "metadata_epoch")}, st.{_c(Stream, "metadata_epoch")}
+  FROM {_G} AS g JOIN {_ST} AS st ON st.{_c(Stream, "id")} = g.{_c(Group, "stream")}
+ WHERE g.{_c(Group, "name")} = %s
+"""
+
+# One batch of stamps. Placeholders: member ids, times, reports (json or null), epochs, and
+# the status once per row. The status comes in as a joined column, not a constant: without
+# statistics (right after a join storm) the planner otherwise scans the status index and
+# compares every STABLE member with every stamp; joined on the primary key it cannot.
+# A stamp never moves last-seen back (a locked write may have stamped later) and never
+# touches a member that stopped being STABLE at that epoch (a sweep or fence won).
+_STAMP_SQL = f"""
+UPDATE {_M} AS m
+   SET {_c(MemberRow, "last_heartbeat_at")} = v.ts,
+       {_c(MemberRow, "last_reported_owned")} = COALESCE(v.owned, m.{_c(MemberRow, "last_reported_owned")})
+  FROM unnest(%s::bigint[], %s::timestamptz[], %s::jsonb[], %s::integer[], %s::text[])
+       AS v(id, ts, owned, epoch, status)
+ WHERE m.{_c(MemberRow, "id")} = v.id
+   AND m.{_c(MemberRow, "status")} = v.status
+   AND m.{_c(MemberRow, "member_epoch")} = v.epoch
+   AND (m.{_c(MemberRow, "last_heartbeat_at")} IS NULL OR m.{_c(MemberRow, "last_heartbeat_at")} < v.ts)
+"""
+
+
+_refreshed: dict[int, float] = {}  # group pk -> when a steady heartbeat last caught up here
+
 
 @dataclass(frozen=True)
 class SteadyAnswer:
-    assignment_epoch: int
-    heartbeat_interval_ms: int
+    response: HeartbeatResponse
     metadata_epoch: int
-    assigned: tuple[str, ...]
 
 
 def available() -> bool:
-    return "liveness" in connections.databases
+    """PostgreSQL with the liveness connection, and not switched off (RSC_FAST_PATH=False
+    forces every heartbeat through the locked core path, e.g. to compare the two)."""
+    return "liveness" in connections.databases and getattr(settings, "RSC_FAST_PATH", True)
 
 
 def eligible(req: HeartbeatRequest) -> bool:
@@ -76,30 +145,191 @@ def eligible(req: HeartbeatRequest) -> bool:
     )
 
 
-def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
-    owned = list(req.owned_shards) if req.owned_shards is not None else None
-    owned_json = json.dumps(sorted(owned)) if owned is not None else None
-    # Positional, in the order the placeholders appear in _SQL (cheaper than named ones).
-    params = (
-        req.member_id, group, req.member_epoch, req.metadata_epoch,
-        now, owned_json, req.member_epoch, owned, owned,
-    )
+def _liveness_query(sql: str, params: tuple | list) -> tuple | None:
     conn = connections["liveness"]
     try:
         with conn.cursor() as cursor:
-            cursor.execute(_SQL, params)
+            cursor.execute(sql, params)
             row = cursor.fetchone()
+        if conn.pool is not None:
+            # Pooled (gevent workers): hand the connection back now, not at the request's end,
+            # so a heartbeat going on to the locked path does not hold it while it queues there.
+            conn.close()
+        return row
     except DatabaseError as exc:
         # No per-request health-check ping on this connection (a round trip per heartbeat),
         # and its statements are prepared (a migration can invalidate them): on any error
         # the connection is dropped and this heartbeat takes the locked path, which decides.
         log.warning("steady heartbeat path failed, using the locked path: %s", exc)
         conn.close()
+        raise
+
+
+def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
+    """The core's answer to a steady heartbeat without the group lock, or None (locked path)."""
+    try:
+        if store.snapshots_enabled() and STAMP_PERIOD > 0:
+            row = _liveness_query(_VERSION_SQL, (group,))
+            if row is None:
+                return None  # no such group: the locked path answers
+            group_pk, version, shape = row[0], row[1], tuple(row[2:])
+            snap = store.steady_snapshot(group_pk, version, shape)
+            if snap is not None:
+                return _from_snapshot(group_pk, snap, req, now)
+            answer = _by_statement(group, req, now)
+            # Catch up here at most once a second: while a group churns, its locked
+            # heartbeats keep this process's snapshot current anyway.
+            if time.monotonic() - _refreshed.get(group_pk, 0.0) > 1.0:
+                _refreshed[group_pk] = time.monotonic()
+                store.refresh_snapshot(group)
+            return answer
+        return _by_statement(group, req, now)
+    except DatabaseError:
         return None
-    if conn.pool is not None:
-        # Pooled (gevent workers): hand the connection back now, not at the request's end, so
-        # a heartbeat going on to the locked path does not hold it while it queues there.
-        conn.close()
+
+
+def _from_snapshot(group_pk: int, snap: store.Snapshot, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
+    state = snap.state
+    keep = True
+    try:
+        member = state.members.get(req.member_id)
+        granted = state.granted_to(req.member_id)
+        if not (
+            member is not None
+            and member.status == MemberStatus.STABLE
+            and member.member_epoch == req.member_epoch == state.assignment_epoch
+            and req.metadata_epoch == state.metadata_epoch
+            and set(req.owned_shards or ()) <= granted
+            and state.target_of(req.member_id) == granted
+            and not state.revoking_from(req.member_id)
+        ):
+            return None  # the core would change ownership or refuse: the locked path decides
+        reported = member.last_reported_owned
+        response = engine.heartbeat(state, req, now)
+        changes = state.changes
+        if (response.status != Status.OK or response.full_metadata or changes.group or changes.shards
+                or changes.events or changes.members != {req.member_id}):
+            keep = False  # not a liveness-only answer after all: forget the snapshot
+            return None
+        member.last_reported_owned = reported  # the snapshot keeps what a full load reads
+        STAMPS.add(snap.loaded.member_pk[req.member_id], now, req.owned_shards, member.member_epoch)
+        return SteadyAnswer(response, state.metadata_epoch)
+    finally:
+        state.changes.members.clear()
+        if keep:
+            store.return_snapshot(group_pk, snap)
+
+
+def _by_statement(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
+    owned = list(req.owned_shards) if req.owned_shards is not None else None
+    owned_json = json.dumps(sorted(owned)) if owned is not None else None
+    stable = MemberStatus.STABLE.value
+    # Positional, in the order the placeholders appear in _SQL (cheaper than named ones).
+    params = (
+        req.member_id, group, stable, req.member_epoch, req.metadata_epoch,
+        now, owned_json, stable, req.member_epoch, owned, owned,
+    )
+    row = _liveness_query(_SQL, params)
     if row is None:
         return None
-    return SteadyAnswer(row[0], row[1], row[2], tuple(row[3]))
+    return SteadyAnswer(
+        HeartbeatResponse(
+            error_code=engine.ErrorCode.NONE,
+            status=Status.OK,
+            member_id=req.member_id,
+            member_epoch=req.member_epoch,
+            assignment_epoch=row[0],
+            heartbeat_interval_ms=row[1],
+            assignment=engine.Assignment(assigned=tuple(row[3])),
+        ),
+        row[2],
+    )
+
+
+# --- batched last-seen stamps ---------------------------------------------------------------
+class _Stamps:
+    """Last-seen stamps waiting for the next batch, one per member (the newest wins)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[datetime, str | None, int]] = {}
+        self._pid = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def add(self, member_pk: int, now: datetime, owned: tuple[str, ...] | None, epoch: int) -> None:
+        report = json.dumps(engine.sorted_shards(owned)) if owned is not None else None
+        with self._lock:
+            if self._pid != os.getpid():  # first use in this (forked) process
+                self._pid = os.getpid()
+                self._pending = {}
+                self._thread = None
+                atexit.register(self.stop)
+            if self._thread is None or not self._thread.is_alive():
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._run, name="rsc-stamps", daemon=True)
+                self._thread.start()
+            prev = self._pending.get(member_pk)
+            if report is None and prev is not None and prev[2] == epoch:
+                report = prev[1]  # ownedShards omitted: the earlier report still stands
+            self._pending[member_pk] = (now, report, epoch)
+
+    def stop(self) -> None:
+        """Flush, close the thread's connection and end it (process exit, test teardown)."""
+        thread = self._thread
+        self._stop.set()
+        if thread is not None and thread.is_alive():
+            thread.join(5)
+        self.flush()
+
+    def _take(self) -> dict[int, tuple[datetime, str | None, int]]:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        return pending
+
+    def _merge_back(self, rows: dict[int, tuple[datetime, str | None, int]]) -> None:
+        with self._lock:
+            for pk, stamp in rows.items():
+                if pk not in self._pending or self._pending[pk][0] < stamp[0]:
+                    self._pending[pk] = stamp
+
+    def flush(self) -> None:
+        """Write what is pending now, on this thread's liveness connection."""
+        rows = self._take()
+        if not rows:
+            return
+        ids = list(rows)
+        params = (ids, [rows[i][0] for i in ids], [rows[i][1] for i in ids], [rows[i][2] for i in ids],
+                  [MemberStatus.STABLE.value] * len(ids))
+        conn = connections["liveness"]
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(_STAMP_SQL, params)
+        except DatabaseError as exc:
+            log.warning("last-seen stamps not written, retrying with the next batch: %s", exc)
+            conn.close()
+            self._merge_back(rows)
+
+    def _run(self) -> None:
+        idle = 0
+        try:
+            while not self._stop.wait(STAMP_PERIOD):
+                try:
+                    self.flush()
+                except Exception:  # never let the stamping thread die
+                    log.exception("last-seen stamp batch failed")
+                with self._lock:
+                    idle = 0 if self._pending else idle + 1
+                if idle == 10:  # quiet for a second: give the connection back
+                    connections["liveness"].close()
+            self.flush()
+        finally:
+            connections["liveness"].close()
+
+
+STAMPS = _Stamps()
+
+
+def flush_stamps() -> None:
+    """Before a locked pass: this process's pending stamps are written, so it reads them."""
+    STAMPS.flush()

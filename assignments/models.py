@@ -20,8 +20,11 @@ class ShardAssignment(models.Model):
     revoking = models.BooleanField(default=False)
     grant_epoch = models.PositiveIntegerField(default=0, editable=False)
     drained_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The group's state_version of the last locked write of this row (snapshot deltas).
+    state_version = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
+        indexes = [models.Index(fields=["group", "state_version"], name="slot_group_version")]
         constraints = [
             models.UniqueConstraint(fields=["group", "shard"], name="r9_one_owner_per_shard"),
             models.CheckConstraint(

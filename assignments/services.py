@@ -8,14 +8,19 @@ from typing import Any
 from django.db import transaction
 
 from assignments import fastpath
-from assignments.store import load_state, lock_group, save_state
+from assignments.store import (
+    live_member_counts,
+    load_for_heartbeat,
+    load_state,
+    lock_group,
+    save_state,
+    snapshots_enabled,
+)
 from coordination import engine
 from coordination.model import (
-    Assignment,
     ErrorCode,
     HeartbeatRequest,
     HeartbeatResponse,
-    Status,
 )
 from groups.api_errors import error_body
 from groups.describe import describe_group  # noqa: F401 - the describe document lives there (§10)
@@ -27,24 +32,19 @@ from groups.models import Group
 class HeartbeatResult:
     response: HeartbeatResponse
     metadata: dict[str, Any] | None  # None on errors
+    path: str = "locked"  # "fast": answered without the group lock (assignments.fastpath)
 
 
 def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> HeartbeatResult:
     if fastpath.available() and fastpath.eligible(req):
         steady = fastpath.steady_heartbeat(group_name, req, now)
         if steady is not None:
-            return HeartbeatResult(
-                HeartbeatResponse(
-                    error_code=ErrorCode.NONE,
-                    status=Status.OK,
-                    member_id=req.member_id,
-                    member_epoch=req.member_epoch,
-                    assignment_epoch=steady.assignment_epoch,
-                    heartbeat_interval_ms=steady.heartbeat_interval_ms,
-                    assignment=Assignment(assigned=steady.assigned),
-                ),
-                {"metadataEpoch": steady.metadata_epoch},
-            )
+            return HeartbeatResult(steady.response, {"metadataEpoch": steady.metadata_epoch}, "fast")
+    fastpath.flush_stamps()  # the locked pass below reads this process's latest stamps
+    if req.member_epoch == 0:
+        refused = _refused_join(group_name, req)
+        if refused is not None:
+            return HeartbeatResult(refused, None)  # decided without the lock or a snapshot
     with transaction.atomic():
         group = lock_group(group_name)
         if group is None:
@@ -56,7 +56,9 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> Heartbea
                 ),
                 None,
             )
-        if engine.needs_full_state(req):
+        if snapshots_enabled():
+            state, loaded = load_for_heartbeat(group, req.member_id)
+        elif engine.needs_full_state(req):
             state, loaded = load_state(group, also_members=(req.member_id,))
         else:
             claimed = (req.owned_shards or ()) + tuple(r.shard for r in req.revoking_shards)
@@ -70,6 +72,25 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> Heartbea
     else:
         metadata = {"metadataEpoch": group.metadata_epoch}
     return HeartbeatResult(response, metadata)
+
+
+def _refused_join(group_name: str, req: HeartbeatRequest) -> HeartbeatResponse | None:
+    """R1's maxMembers refusal from two counts, before the group lock and the snapshot.
+
+    A refusal changes nothing, so it needs no lock: the counts come from one statement (one
+    consistent view), and the core would give the same answer at that moment. Joins that
+    carry ownedShards are left to the core (C5 is checked before capacity).
+    """
+    if req.owned_shards or getattr(req, "instance_id", None):
+        return None  # a static member (§9) may replace its old incarnation: the core decides
+    counts = live_member_counts(group_name, req.member_id)
+    if counts is None:
+        return None  # no such group: the locked path answers
+    max_members, live, rejoin = counts
+    full = engine.r1_check_capacity(group_name, max_members, live, rejoin=rejoin)
+    if full is None:
+        return None
+    return HeartbeatResponse(error_code=full.code, error_message=full.message, member_id=req.member_id)
 
 
 def response_body(result: HeartbeatResult) -> dict[str, Any]:

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from django.db import connection
+from django.conf import settings
+from django.db import connection, transaction
 
 from assignments.models import ShardAssignment
-from coordination.model import LIVE_STATUSES, GroupState, Member, MemberStatus, ShardSlot
+from coordination.model import LIVE_STATUSES, Changes, GroupState, Member, MemberStatus, ShardSlot
 from groups.models import Event, Group, Shard, VersionState
 from members.models import Member as MemberRow
 
@@ -29,6 +32,11 @@ class Loaded:
     member_pk: dict[str, int] = field(default_factory=dict)
     slot_pk: dict[str, int] = field(default_factory=dict)
     drained_at: dict[str, datetime] = field(default_factory=dict)
+    # Each member's row as read (raw, `_MEMBER_COLUMNS`) and its columns as last written:
+    # saving writes only the columns the core changed, so a snapshot's older last-seen of a
+    # member is never written back over a newer stamp.
+    member_rows: dict[str, tuple] = field(default_factory=dict)
+    member_values: dict[str, dict[str, object]] = field(default_factory=dict)
 
 
 def lock_group(name: str) -> Group | None:
@@ -104,6 +112,69 @@ _MEMBER_COLUMNS = (
 )
 
 
+def _member_from_row(row: tuple, reports: dict[str, list[str]]) -> Member:
+    (_pk, mid, status, epoch, prev, client_id, rto, last_hb, deadline_at, reason, by, instance_id) = row
+    return Member(
+        member_id=mid,
+        status=MemberStatus(status),
+        member_epoch=epoch,
+        previous_member_epoch=prev,
+        client_id=client_id,
+        rebalance_timeout_ms=rto,
+        joined_at=None,  # not needed by the core; written only when a join sets it
+        last_heartbeat_at=_aware(last_hb),
+        revocation_deadline=_aware(deadline_at),
+        # Only the heartbeating member's last report matters (R3, ownedShards null).
+        last_reported_owned=tuple(reports[mid]) if mid in reports else None,
+        fenced_reason=reason,
+        fenced_by=by,
+        instance_id=instance_id,
+    )
+
+
+def _slot_from_row(
+    row: tuple, catalogue: dict[int, _ShardInfo], pk_member: dict[int, str], loaded: Loaded
+) -> ShardSlot | None:
+    pk, shard_pk, owner, revoking, grant_epoch, target, drained_at = row
+    info = catalogue.get(shard_pk)
+    if info is None:  # a retired version's leftover row
+        return None
+    loaded.slot_pk[info.shard_id] = pk
+    if drained_at is not None:
+        loaded.drained_at[info.shard_id] = _aware(drained_at)
+    else:
+        loaded.drained_at.pop(info.shard_id, None)
+    return ShardSlot(
+        shard_id=info.shard_id,
+        parents=info.parents,
+        sealed=info.sealed,
+        owner=_member_name(pk_member, owner),
+        revoking=revoking,
+        grant_epoch=grant_epoch,
+        target=_member_name(pk_member, target),
+        drained=drained_at is not None,
+    )
+
+
+def _reports(cursor: object, group: Group, member_ids: list[str]) -> dict[str, list[str]]:
+    if not member_ids:
+        return {}
+    cursor.execute(  # type: ignore[attr-defined]
+        f"SELECT member_id, last_reported_owned FROM {MemberRow._meta.db_table}"
+        f" WHERE group_id = %s AND member_id IN {_in(member_ids)}",
+        [group.pk, *member_ids],
+    )
+    return {mid: owned if isinstance(owned, list) else json.loads(owned or "[]")
+            for mid, owned in cursor.fetchall()}  # type: ignore[attr-defined]
+
+
+_MEMBER_SQL = f"SELECT {', '.join(_MEMBER_COLUMNS)} FROM {MemberRow._meta.db_table} WHERE group_id = %s"
+_SLOT_SQL = (
+    "SELECT id, shard_id, owner_id, revoking, grant_epoch, target_id, drained_at"
+    f" FROM {ShardAssignment._meta.db_table} WHERE group_id = %s"
+)
+
+
 def load_state(
     group: Group,
     also_members: tuple[str, ...] = (),
@@ -124,7 +195,7 @@ def load_state(
     loaded = Loaded(group=group)
     members: dict[str, Member] = {}
     also_members = tuple(also_members) + ((only_member,) if only_member else ())
-    member_sql = f"SELECT {', '.join(_MEMBER_COLUMNS)} FROM {MemberRow._meta.db_table} WHERE group_id = %s"
+    member_sql = _MEMBER_SQL
     if only_member is not None:
         member_sql += " AND member_id = %s"
         member_params: list[object] = [group.pk, only_member]
@@ -133,10 +204,7 @@ def load_state(
         member_params = [group.pk, *_LIVE, *also_members]
     if lock_members and connection.features.has_select_for_update:
         member_sql += " FOR UPDATE"
-    slot_sql = (
-        "SELECT id, shard_id, owner_id, revoking, grant_epoch, target_id, drained_at"
-        f" FROM {ShardAssignment._meta.db_table} WHERE group_id = %s"
-    )
+    slot_sql = _SLOT_SQL
     with connection.cursor() as cursor:
         # Raw rows: the ORM's per-row machinery costs more than the query for big groups.
         cursor.execute(member_sql, member_params)
@@ -152,58 +220,19 @@ def load_state(
         else:
             cursor.execute(slot_sql, [group.pk])
         slot_rows = cursor.fetchall()
-        want_report = [m for m in also_members if m in pk_member.values()]
-        reports: dict[str, list[str]] = {}
-        if want_report:
-            cursor.execute(
-                f"SELECT member_id, last_reported_owned FROM {MemberRow._meta.db_table}"
-                f" WHERE group_id = %s AND member_id IN {_in(want_report)}",
-                [group.pk, *want_report],
-            )
-            reports = {mid: owned if isinstance(owned, list) else json.loads(owned or "[]")
-                       for mid, owned in cursor.fetchall()}
-    for (pk, mid, status, epoch, prev, client_id, rto, last_hb, deadline_at,
-         reason, by, instance_id) in member_rows:
-        loaded.member_pk[mid] = pk
-        members[mid] = Member(
-            member_id=mid,
-            status=MemberStatus(status),
-            member_epoch=epoch,
-            previous_member_epoch=prev,
-            client_id=client_id,
-            rebalance_timeout_ms=rto,
-            joined_at=None,  # not needed by the core; written only when a join sets it
-            last_heartbeat_at=_aware(last_hb),
-            revocation_deadline=_aware(deadline_at),
-            # Only the heartbeating member's last report matters (R3, ownedShards null).
-            last_reported_owned=tuple(reports[mid]) if mid in reports else None,
-            fenced_reason=reason,
-            fenced_by=by,
-            instance_id=instance_id,
-        )
+        reports = _reports(cursor, group, [m for m in also_members if m in pk_member.values()])
+    for row in member_rows:
+        loaded.member_pk[row[1]] = row[0]
+        loaded.member_rows[row[1]] = row
+        members[row[1]] = _member_from_row(row, reports)
     catalogue = _shard_catalogue(
         group.stream_id, group.stream.metadata_epoch, {row[1] for row in slot_rows}
     )
     shards: dict[str, ShardSlot] = {}
-    for pk, shard_pk, owner, revoking, grant_epoch, target, drained_at in sorted(
-        slot_rows, key=lambda r: r[1]
-    ):
-        info = catalogue.get(shard_pk)
-        if info is None:  # a retired version's leftover row
-            continue
-        loaded.slot_pk[info.shard_id] = pk
-        if drained_at is not None:
-            loaded.drained_at[info.shard_id] = _aware(drained_at)
-        shards[info.shard_id] = ShardSlot(
-            shard_id=info.shard_id,
-            parents=info.parents,
-            sealed=info.sealed,
-            owner=_member_name(pk_member, owner),
-            revoking=revoking,
-            grant_epoch=grant_epoch,
-            target=_member_name(pk_member, target),
-            drained=drained_at is not None,
-        )
+    for row in sorted(slot_rows, key=lambda r: r[1]):
+        slot = _slot_from_row(row, catalogue, pk_member, loaded)
+        if slot is not None:
+            shards[slot.shard_id] = slot
     state = GroupState(
         name=group.name,
         stream=group.stream.name,
@@ -221,21 +250,226 @@ def load_state(
     return state, loaded
 
 
+def live_member_counts(group_name: str, member_id: str) -> tuple[int, int, bool] | None:
+    """(maxMembers, live members, whether `member_id` is live) in one statement, no lock."""
+    live = _in(_LIVE)
+    sql = (
+        f"SELECT g.max_members, count(m.id), count(m.id) FILTER (WHERE m.member_id = %s)"
+        f" FROM {Group._meta.db_table} AS g LEFT JOIN {MemberRow._meta.db_table} AS m"
+        f" ON m.group_id = g.id AND m.status IN {live} WHERE g.name = %s GROUP BY g.id, g.max_members"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [member_id, *_LIVE, group_name])
+        row = cursor.fetchone()
+    return None if row is None else (row[0], row[1], row[2] > 0)
+
+
+# --- per-process snapshots ----------------------------------------------------------------
+# A join into a big group used to load every live member and slot (~15–20 ms for
+# 1,000 × 4,096) although it changes a handful of rows. Each process keeps the last snapshot
+# of a group it wrote or read under the lock; the group row's state_version (raised by every
+# locked write, see save_state) says whether it is current, and if not, the rows stamped with
+# a newer version are exactly the ones to re-read. A snapshot is taken out of the cache while
+# a transaction uses it and put back only once that transaction commits, so a rolled-back
+# write can never leave a snapshot that claims a version with other contents.
+
+
+@dataclass
+class Snapshot:
+    state: GroupState
+    loaded: Loaded
+    pk_member: dict[int, str]
+    version: int
+    shape: tuple[object, ...]  # what a version number alone does not cover (see _shape)
+
+
+_snapshots: OrderedDict[int, Snapshot] = OrderedDict()
+_snapshots_lock = threading.Lock()
+_SNAPSHOT_GROUPS = 64  # groups per process; the least recently used snapshot goes first
+
+
+def snapshots_enabled() -> bool:
+    return bool(getattr(settings, "RSC_GROUP_SNAPSHOTS", True))
+
+
+def _checkout(group_pk: int) -> Snapshot | None:
+    with _snapshots_lock:
+        return _snapshots.pop(group_pk, None)
+
+
+def _checkin(group_pk: int, snap: Snapshot) -> None:
+    with _snapshots_lock:
+        _snapshots[group_pk] = snap
+        while len(_snapshots) > _SNAPSHOT_GROUPS:
+            _snapshots.popitem(last=False)
+
+
+def forget_snapshots() -> None:
+    with _snapshots_lock:
+        _snapshots.clear()
+
+
+def _shape(group: Group) -> tuple[object, ...]:
+    # Slots are added or removed only together with a metadataEpoch rise (resharding); the
+    # creation time tells a group recreated under a reused id (a restored database) apart.
+    return (group.created_at, group.stream_id, group.metadata_epoch, group.stream.metadata_epoch)
+
+
+def steady_snapshot(group_pk: int, version: int, shape: tuple[object, ...]) -> Snapshot | None:
+    """Check out the group's snapshot if it is exactly the committed state `version` (the
+    caller read version and shape in one statement); give it back with `return_snapshot`."""
+    snap = _checkout(group_pk)
+    if snap is None:
+        return None
+    if snap.version != version or snap.shape != shape:
+        if snap.shape == shape and snap.version < version:
+            _checkin(group_pk, snap)  # behind: the next locked pass here catches it up
+        return None
+    return snap
+
+
+def return_snapshot(group_pk: int, snap: Snapshot) -> None:
+    _checkin(group_pk, snap)
+
+
+def refresh_snapshot(group_name: str) -> None:
+    """Bring this process's snapshot of the group up to date, if the group lock is free now
+    (a steady heartbeat found it behind; waiting here would queue it behind a join)."""
+    with transaction.atomic():
+        group = (Group.objects.select_for_update(of=("self",), skip_locked=True)
+                 .select_related("stream").filter(name=group_name).first())
+        if group is not None:
+            load_for_heartbeat(group, None)
+
+
+def _catch_up(snap: Snapshot, group: Group) -> None:
+    """Re-read the member and slot rows written after the snapshot's version (under the lock)."""
+    state, loaded = snap.state, snap.loaded
+    with connection.cursor() as cursor:
+        cursor.execute(_MEMBER_SQL + " AND state_version > %s", [group.pk, snap.version])
+        for row in cursor.fetchall():
+            snap.pk_member[row[0]] = row[1]
+            _put_member(snap, row, {})
+        cursor.execute(_SLOT_SQL + " AND state_version > %s", [group.pk, snap.version])
+        slot_rows = cursor.fetchall()
+    catalogue = _shard_catalogue(group.stream_id, group.stream.metadata_epoch, set())
+    for row in slot_rows:
+        slot = _slot_from_row(row, catalogue, snap.pk_member, loaded)
+        if slot is not None:
+            state.load_slot(slot)
+
+
+def _put_member(snap: Snapshot, row: tuple, reports: dict[str, list[str]], keep: bool = False) -> None:
+    """Place a fresh member row in the snapshot as a full load would: live members (and the
+    heartbeating member, `keep`) are in, tombstones out."""
+    pk, mid = row[0], row[1]
+    snap.pk_member[pk] = mid
+    member = _member_from_row(row, reports)
+    if not (member.live or keep):
+        _drop_member(snap, mid)
+        return
+    snap.state.members[mid] = member
+    snap.loaded.member_pk[mid] = pk
+    snap.loaded.member_rows[mid] = row
+    snap.loaded.member_values.pop(mid, None)
+
+
+def _drop_member(snap: Snapshot, mid: str) -> None:
+    snap.state.members.pop(mid, None)
+    snap.loaded.member_pk.pop(mid, None)
+    snap.loaded.member_rows.pop(mid, None)
+    snap.loaded.member_values.pop(mid, None)
+
+
+def load_for_heartbeat(group: Group, member_id: str | None) -> tuple[GroupState, Loaded]:
+    """The full snapshot a locked heartbeat needs (the caller holds the group lock), from this
+    process's cache when it can be brought up to date cheaply; exactly what
+    `load_state(group, also_members=(member_id,))` returns.
+    """
+    snap = _checkout(group.pk)
+    if snap is not None and (snap.shape != _shape(group) or snap.version > group.state_version):
+        snap = None  # a reshard step changed the slot set, or the database went back
+    if snap is None:
+        state, loaded = load_state(group, also_members=(member_id,) if member_id else ())
+        snap = Snapshot(state, loaded, {pk: mid for mid, pk in loaded.member_pk.items()},
+                         group.state_version, _shape(group))
+    else:
+        if snap.version < group.state_version:
+            _catch_up(snap, group)
+        # The heartbeating member's row is always read fresh: its last-seen and last report
+        # are written by the lock-free steady path, which does not raise the version.
+        if member_id is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(_MEMBER_SQL + " AND member_id = %s", [group.pk, member_id])
+                row = cursor.fetchone()
+                if row is not None:
+                    _put_member(snap, row, _reports(cursor, group, [member_id]), keep=True)
+                else:
+                    _drop_member(snap, member_id)
+        state = snap.state
+        state.group_epoch = group.group_epoch
+        state.assignment_epoch = group.assignment_epoch
+        state.metadata_epoch = group.metadata_epoch
+        state.max_members = group.max_members
+        state.heartbeat_interval_ms = group.heartbeat_interval_ms
+        state.session_timeout_ms = group.session_timeout_ms
+        state.rebalance_timeout_ms = group.rebalance_timeout_ms
+        state.changes = Changes()
+        snap.loaded.group = group
+
+    def checkin() -> None:
+        # Runs only after the commit: the snapshot now matches the version just committed.
+        for mid in snap.state.changes.members:  # new rows: slots name their members by pk
+            snap.pk_member[snap.loaded.member_pk[mid]] = mid
+        member = snap.state.members.get(member_id) if member_id else None
+        if member is not None:
+            if member.live:
+                member.last_reported_owned = None  # a full load reads it for the heartbeating member only
+            else:
+                _drop_member(snap, member_id)
+        snap.state.changes = Changes()
+        snap.version = group.state_version
+        _checkin(group.pk, snap)
+
+    transaction.on_commit(checkin)
+    return snap.state, snap.loaded
+
+
+# After a burst of locked writes (a join storm writes a group's rows in seconds) the planner
+# must not keep planning on statistics of the empty tables until autovacuum comes, if it is
+# on at all: every ANALYZE_EVERY-th write of a group analyzes the member and slot tables
+# (tens of ms, after the commit, outside the lock).
+ANALYZE_EVERY = 500
+
+
+def _analyze_hot_tables() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {MemberRow._meta.db_table}, {ShardAssignment._meta.db_table}")
+
+
 def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = "") -> None:
     """Write the dirty group, member and slot rows and the events, in that order."""
     changes = state.changes
     group = loaded.group
-    if changes.group:
-        group.group_epoch = state.group_epoch
-        group.assignment_epoch = state.assignment_epoch
-        Group.objects.filter(pk=group.pk).update(
-            group_epoch=state.group_epoch, assignment_epoch=state.assignment_epoch
-        )
+    if not (changes.group or changes.members or changes.shards):
+        _save_events(state, loaded, actor)
+        return
+    # One new state_version per locked write, on the group row and on every row written
+    # (load_for_heartbeat's snapshots catch up by it). The caller holds the group lock.
+    version = group.state_version + 1
+    group.state_version = version
+    group.group_epoch = state.group_epoch
+    group.assignment_epoch = state.assignment_epoch
+    Group.objects.filter(pk=group.pk).update(
+        group_epoch=state.group_epoch, assignment_epoch=state.assignment_epoch, state_version=version
+    )
+    if version % ANALYZE_EVERY == 0 and connection.vendor == "postgresql":
+        transaction.on_commit(_analyze_hot_tables)
     # Removed members first: a replacement (§9 R1s) takes over the old one's instanceId, which
     # the unique constraint allows only once the old row is no longer live.
     for mid in sorted(changes.members, key=lambda mid: (state.members[mid].live, mid)):
         m = state.members[mid]
-        values = dict(
+        values: dict[str, object] = dict(
             status=m.status.value,
             member_epoch=m.member_epoch,
             previous_member_epoch=m.previous_member_epoch,
@@ -253,11 +487,24 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
             values["last_reported_owned"] = list(m.last_reported_owned)
         pk = loaded.member_pk.get(mid)
         if pk is None:
-            # A tombstone not loaded (or a new member): upsert by the natural key.
-            row, _ = MemberRow.objects.update_or_create(group=group, member_id=mid, defaults=values)
+            # A tombstone not loaded (or a new member): upsert by the natural key, in one
+            # statement (update_or_create costs a read, a savepoint and a write).
+            row = MemberRow(group=group, member_id=mid, state_version=version, **values)
+            MemberRow.objects.bulk_create(
+                [row], update_conflicts=True, unique_fields=["group", "member_id"],
+                update_fields=[*values, "state_version"],
+            )
+            if row.pk is None:  # a backend that returns no ids from an upsert
+                row.pk = MemberRow.objects.get(group=group, member_id=mid).pk
             loaded.member_pk[mid] = row.pk
-        else:
-            MemberRow.objects.filter(pk=pk).update(**values)
+            loaded.member_values[mid] = values
+            continue
+        prior = loaded.member_values.get(mid)
+        if prior is None:
+            prior = dict(zip(_MEMBER_COLUMNS, loaded.member_rows.get(mid, ()), strict=False))
+        changed = {k: v for k, v in values.items() if k not in prior or prior[k] != v}
+        MemberRow.objects.filter(pk=pk).update(**changed, state_version=version)
+        loaded.member_values[mid] = {**prior, **changed}
     if changes.shards:
         # Plain UPDATEs sent as one pipelined batch: Django's bulk_update builds a CASE per
         # field and row, which cost more than the rest of a join for big groups.
@@ -269,14 +516,20 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
                 _member_pk(loaded, slot.owner), slot.revoking, slot.grant_epoch,
                 _member_pk(loaded, slot.target),
                 connection.ops.adapt_datetimefield_value(drained_at),  # SQLite: naive UTC text
-                loaded.slot_pk[shard_id],
+                version, loaded.slot_pk[shard_id],
             ))
         with connection.cursor() as cursor:
             cursor.executemany(
                 f"UPDATE {ShardAssignment._meta.db_table} SET owner_id = %s, revoking = %s,"
-                " grant_epoch = %s, target_id = %s, drained_at = %s WHERE id = %s",
+                " grant_epoch = %s, target_id = %s, drained_at = %s, state_version = %s WHERE id = %s",
                 rows,
             )
+    _save_events(state, loaded, actor)
+
+
+def _save_events(state: GroupState, loaded: Loaded, actor: str) -> None:
+    changes = state.changes
+    group = loaded.group
     if changes.events:
         Event.objects.bulk_create(
             Event(

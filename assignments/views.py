@@ -66,7 +66,8 @@ class HeartbeatView(APIView):
         response = super().dispatch(request, *args, **kwargs)
         # The body only if the view parsed it: an unauthenticated body is never parsed for a log.
         record_heartbeat(kwargs.get("group", ""), getattr(self.request, "_full_data", None),
-                         getattr(response, "data", None), time.perf_counter() - started)
+                         getattr(response, "data", None), time.perf_counter() - started,
+                         getattr(response, "heartbeat_path", ""))
         # record_heartbeat logged it (rate-limited); skip django.request's second warning line.
         response._has_been_logged = True  # type: ignore[attr-defined]
         return response
@@ -98,4 +99,6 @@ class HeartbeatView(APIView):
                 refused["Retry-After"] = str(retry)
                 return refused
         result = services.heartbeat(group, req, timezone.now())
-        return Response(services.response_body(result), status=result.response.http_status)
+        response = Response(services.response_body(result), status=result.response.http_status)
+        response.heartbeat_path = result.path  # type: ignore[attr-defined]  # the metric's label
+        return response

@@ -104,12 +104,9 @@ def r1_join(state: GroupState, req: HeartbeatRequest, now: datetime) -> Heartbea
         return _join_with_owned_shards(req)
     member = state.members.get(req.member_id)
     rejoin = member is not None and member.live
-    if not rejoin and len(state.live_members()) >= state.max_members:
-        return _error(
-            ErrorCode.GROUP_MAX_SIZE_REACHED,
-            f"group {state.name!r} already has its maximum of {state.max_members} members",
-            req.member_id,
-        )
+    full = r1_check_capacity(state.name, state.max_members, len(state.live_members()), rejoin=rejoin)
+    if full:
+        return _error(full.code, full.message, req.member_id)
     if member is not None and member.live:
         _release_all(state, member)
     member = _new_member(state, req, now)
@@ -184,6 +181,17 @@ def r1s_replace_static_member(
     state.emit("rejoined" if old.member_id == req.member_id else "joined", member,
                clientId=req.client_id, instanceId=req.instance_id, replaced=old.member_id)
     return _answer(state, member, status, full_metadata=True)
+
+
+def r1_check_capacity(group: str, max_members: int, live: int, *, rejoin: bool) -> Rejection | None:
+    """R1: a new member is refused when the group already has maxMembers live members.
+    Needs only counts, so the shell can decide it before loading the group (issue 8)."""
+    if rejoin or live < max_members:
+        return None
+    return Rejection(
+        ErrorCode.GROUP_MAX_SIZE_REACHED,
+        f"group {group!r} already has its maximum of {max_members} members",
+    )
 
 
 # --- R2 leave --------------------------------------------------------------------------------

@@ -225,6 +225,13 @@ class GroupState:
             if m.instance_id == instance_id and m.live:
                 return m
         return None
+    def load_slot(self, slot: ShardSlot) -> None:
+        """The shell re-read a slot from storage (snapshot catch-up): not a change."""
+        old = self.shards.get(slot.shard_id)
+        if old is not None:
+            self._unindex(old)
+        self.shards[slot.shard_id] = slot
+        self._index(slot)
 
     # -- mutations (the only writers of slots) ---------------------------------------------
     def _mutate_slot(self, shard_id: str, **values: object) -> None:

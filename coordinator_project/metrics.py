@@ -47,8 +47,10 @@ log = logging.getLogger("coordinator.heartbeat")
 
 HEARTBEATS = Counter(
     "rsc_heartbeats",
-    "Heartbeat requests answered, by errorCode and status (status is empty on errors).",
-    ["error_code", "status"],
+    "Heartbeat requests answered, by errorCode, status (empty on errors) and path: fast (no"
+    " group lock, assignments.fastpath), locked (the core under the group lock), or empty"
+    " (refused before the service: authentication, validation).",
+    ["error_code", "status", "path"],
 )
 HEARTBEAT_LATENCY = Histogram(
     "rsc_heartbeat_latency_seconds",
@@ -62,11 +64,11 @@ _THROTTLED_CODES = frozenset({"AUTHENTICATION_FAILED", "RATE_LIMITED"})
 REFUSAL_LOG_THROTTLE = LogThrottle(every=10.0)
 
 
-def record_heartbeat(group: str, data: Any, body: Any, seconds: float) -> None:
+def record_heartbeat(group: str, data: Any, body: Any, seconds: float, path: str = "") -> None:
     """Count one answered heartbeat; log it when refused. Cheap: no I/O besides the log line."""
     body = body if isinstance(body, dict) else {}
     code = str(body.get("errorCode") or "NONE")
-    HEARTBEATS.labels(code, str(body.get("status") or "")).inc()
+    HEARTBEATS.labels(code, str(body.get("status") or ""), path).inc()
     HEARTBEAT_LATENCY.observe(seconds)
     if code != "NONE":
         held = 0

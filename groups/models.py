@@ -83,6 +83,10 @@ class Group(models.Model):
         max_length=8, choices=StartPosition.choices, default=StartPosition.EARLIEST
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # Raised by every locked write of members or slots (assignments.store.save_state), and
+    # stamped on the rows it wrote: a process's cached snapshot of the group is exact while
+    # this matches, and catches up by reading only the rows stamped after its own version.
+    state_version = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
         # "Groups" alone reads like django.contrib.auth's groups in the admin.

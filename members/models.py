@@ -24,6 +24,8 @@ class Member(models.Model):
     fenced_by = models.CharField(max_length=150, blank=True)
     # §9 static membership. Tombstones keep it (the admin shows whose place they held).
     instance_id = models.CharField(max_length=64, null=True, blank=True, editable=False)
+    # The group's state_version of the last locked write of this row (snapshot deltas).
+    state_version = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
         constraints = [
@@ -36,6 +38,7 @@ class Member(models.Model):
                 name="uniq_group_live_instance",
             ),
         ]
+        indexes = [models.Index(fields=["group", "state_version"], name="member_group_version")]
         permissions = [("fence_member", "Can fence or remove members")]
 
     def __str__(self) -> str:

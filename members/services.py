@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from assignments.fastpath import STAMP_PERIOD
 from assignments.store import load_state, lock_group, save_state
 from coordination import engine
 from coordination.model import LIVE_STATUSES, GroupState, MemberStatus
@@ -88,9 +89,12 @@ def sweep_liveness(now: datetime | None = None) -> SweepResult:
     intake = current_intake()
     if not intake.up_at(now):
         return result  # the core would expire and fence nobody: skip the locks
+    # Steady heartbeats stamp last-seen in batches (assignments.fastpath): a stamp may reach
+    # the database up to one batch period late, so silence is counted that much later.
+    heard_by = now - timedelta(seconds=STAMP_PERIOD)
     for name in groups_due_for_sweep(now, intake):
         expired = _in_locked_group(
-            name, lambda s: engine.l1_expire_silent_members(s, now, intake), now, "sweeper"
+            name, lambda s: engine.l1_expire_silent_members(s, heard_by, intake), now, "sweeper"
         )
         fenced = _in_locked_group(
             name, lambda s: engine.l2_fence_overdue_revocations(s, now, intake), now, "sweeper"

@@ -18,6 +18,8 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
+from assignments import fastpath
+from assignments.store import forget_snapshots
 from groups.services import clear_key_cache, create_api_key, create_group, create_stream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +30,21 @@ def _fresh_key_cache() -> Iterator[None]:
     clear_key_cache()
     yield
     clear_key_cache()
+
+
+@pytest.fixture(autouse=True)
+def _stamps_written_and_snapshots_dropped() -> Iterator[None]:
+    # Batched last-seen stamps (assignments.fastpath) land in the test that caused them.
+    yield
+    fastpath.STAMPS.flush()
+    forget_snapshots()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stamp_thread_stopped(django_db_setup: None) -> Iterator[None]:
+    # Its database connection would keep the test database from being dropped.
+    yield
+    fastpath.STAMPS.stop()
 
 
 @dataclass

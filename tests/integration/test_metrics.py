@@ -38,7 +38,9 @@ def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def value(samples: dict, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    """The sum over the series of `name` that carry these labels (others, e.g. path, summed)."""
+    want = set(labels.items())
+    return sum(v for (n, lab), v in samples.items() if n == name and want <= set(lab))
 
 
 def metrics(client: Client) -> dict:
