@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 
 import redis
 from django.db import connection, transaction
+from django.test import override_settings
 from django.utils import timezone
 
 from assignments.models import ShardAssignment
@@ -32,7 +33,8 @@ def build_settled_group(
     backlog: redis.Redis | None = None,
 ) -> Group:
     now = now or timezone.now()
-    create_stream(stream, shards)
+    with override_settings(MAX_SHARDS_PER_STREAM=max(shards, 1024)):  # beyond the default cap
+        create_stream(stream, shards)
     g = create_group(group, stream, max_members=max(members, 1000), heartbeat_interval_ms=15_000,
                      session_timeout_ms=3_600_000, rebalance_timeout_ms=3_600_000)
     with transaction.atomic():
@@ -66,6 +68,6 @@ def build_settled_group(
     return g
 
 
-def drop_backlog(client: redis.Redis, stream: str, prefix: str = "rsc") -> None:
+def drop_backlog(client: redis.Redis, stream: str, prefix: str = "rsc*") -> None:
     for key in client.scan_iter(f"{prefix}:{{{stream}:*", count=1000):
         client.delete(key)

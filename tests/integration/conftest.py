@@ -20,6 +20,7 @@ from rest_framework.test import APIClient
 
 from assignments import fastpath
 from assignments.store import forget_snapshots
+from dataplane.routing import ShardKeys
 from groups.services import clear_key_cache, create_api_key, create_group, create_stream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +59,12 @@ class GroupFixture:
     def url(self, suffix: str = "/heartbeat") -> str:
         return f"/api/v1/groups/{self.group}{suffix}"
 
+    def keys(self, shard: str) -> ShardKeys:
+        """A shard's Redis keys under the stream's key prefix (the installation's namespace)."""
+        from groups.models import Stream
+
+        return ShardKeys(shard, Stream.objects.get(name=self.stream).key_prefix)
+
 
 def make_group(stream: str = "orders", group: str = "g1", shards: int = 4, **config: Any) -> GroupFixture:
     create_stream(stream, shards)
@@ -81,7 +88,7 @@ def group_on_fresh_stream(prefix: str, group: str, shards: int = 4, **config: An
         yield make_group(stream, group.format(stream=stream), shards=shards, **config)
     finally:
         client = redis.Redis.from_url(settings.STREAM_REDIS_URL)
-        for key in client.scan_iter(f"rsc:{{{stream}:*"):
+        for key in client.scan_iter(f"rsc*:{{{stream}:*"):
             client.delete(key)
         client.close()
         shardstats.clear_cache()

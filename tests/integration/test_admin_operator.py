@@ -12,7 +12,6 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 
-from dataplane.routing import ShardKeys
 from groups.models import Event, Group, Stream
 from groups.sweeps import run_all_sweeps
 
@@ -38,7 +37,7 @@ def fx() -> Iterator[GroupFixture]:
 def _backlog(fx: GroupFixture) -> None:
     """Shard 0: 12 entries, 2 delivered (pending); 1 DLQ entry. Shard 2: 3, never read."""
     r = redis.Redis.from_url(settings.STREAM_REDIS_URL, decode_responses=True)
-    k0, k2 = ShardKeys(f"{fx.stream}:1:0"), ShardKeys(f"{fx.stream}:1:2")
+    k0, k2 = fx.keys(f"{fx.stream}:1:0"), fx.keys(f"{fx.stream}:1:2")
     for i in range(12):
         r.xadd(k0.stream, {"key": f"k{i}"})
     for i in range(3):
@@ -143,10 +142,10 @@ def test_reset_position_action_shows_the_plan_then_applies_and_is_refused_while_
     page = root.post("/admin/groups/group/", {**base, "to": "latest"}).content.decode()
     assert "would reset group" in page and "create consumer group at $" in page
     r = redis.Redis.from_url(settings.STREAM_REDIS_URL, decode_responses=True)
-    assert r.exists(ShardKeys(f"{fx.stream}:1:0").stream) == 0  # a plan changes nothing
+    assert r.exists(fx.keys(f"{fx.stream}:1:0").stream) == 0  # a plan changes nothing
     resp = root.post("/admin/groups/group/", {**base, "to": "latest", "confirm": "yes"}, follow=True)
     assert any(m.startswith(f"reset group {fx.group} to latest on 4 shard(s)") for m in messages_of(resp))
-    assert r.xinfo_groups(ShardKeys(f"{fx.stream}:1:0").stream)[0]["name"] == fx.group
+    assert r.xinfo_groups(fx.keys(f"{fx.stream}:1:0").stream)[0]["name"] == fx.group
     assert Event.objects.get(kind="position_reset").actor == "root"
     converge(Beat(Hb(api, fx), "a"))
     resp = root.post("/admin/groups/group/", {**base, "to": "earliest", "confirm": "yes"}, follow=True)

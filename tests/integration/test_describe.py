@@ -13,8 +13,6 @@ from django.core.management import call_command
 from django.test import override_settings
 from rest_framework.test import APIClient
 
-from dataplane.routing import ShardKeys
-
 from .conftest import GroupFixture, Hb, free_port, group_on_fresh_stream
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
@@ -39,7 +37,7 @@ def _converge(hb: Hb, member: str) -> dict:
 def _backlog(fx: GroupFixture) -> redis.Redis:
     """Shard 0: 10 entries, 4 read by the group, 1 ACKed; one DLQ entry. Shard 1: 3 unread."""
     r = redis.Redis.from_url(settings.STREAM_REDIS_URL, decode_responses=True)
-    k0, k1 = ShardKeys(f"{fx.stream}:1:0"), ShardKeys(f"{fx.stream}:1:1")
+    k0, k1 = fx.keys(f"{fx.stream}:1:0"), fx.keys(f"{fx.stream}:1:1")
     for i in range(10):
         r.xadd(k0.stream, {"n": str(i)})
     for i in range(3):
@@ -62,7 +60,7 @@ def test_describe_api_shows_shards_with_lag_pending_dlq_and_totals(api: APIClien
     assert list(shards) == [f"{fx.stream}:1:{i}" for i in range(4)]
     s0 = shards[f"{fx.stream}:1:0"]
     assert (s0["lag"], s0["pending"], s0["dlqLength"], s0["entriesRead"]) == (6, 3, 1, 4)
-    assert s0["lastDeliveredId"] == r.xinfo_groups(ShardKeys(s0["shardId"]).stream)[0]["last-delivered-id"]
+    assert s0["lastDeliveredId"] == r.xinfo_groups(fx.keys(s0["shardId"]).stream)[0]["last-delivered-id"]
     assert (s0["owner"], s0["clientId"], s0["instanceId"], s0["state"], s0["version"]) == ("a", "host/a", None, "granted", 1)
     s1 = shards[f"{fx.stream}:1:1"]
     assert (s1["lag"], s1["pending"], s1["lastDeliveredId"]) == (3, 0, None)  # no consumer group yet

@@ -16,7 +16,6 @@ from rest_framework.test import APIClient
 
 from dataplane import Consumer
 from dataplane.message import Message
-from dataplane.routing import ShardKeys
 from groups.models import Event
 from groups.positions import resolve_position
 from groups.services import ServiceError
@@ -55,7 +54,7 @@ def fx() -> Iterator[GroupFixture]:
 def _entries(fx: GroupFixture) -> tuple[redis.Redis, str, str]:
     """Shard 0: ids 1000-0 … 1009-0; shard 1: 1000-0 … 1004-0 (explicit ids: positions are exact)."""
     r = redis.Redis.from_url(settings.STREAM_REDIS_URL, decode_responses=True)
-    k0, k1 = ShardKeys(f"{fx.stream}:1:0").stream, ShardKeys(f"{fx.stream}:1:1").stream
+    k0, k1 = fx.keys(f"{fx.stream}:1:0").stream, fx.keys(f"{fx.stream}:1:1").stream
     for i in range(10):
         r.xadd(k0, {"key": f"a{i}", "n": str(i)}, id=f"{1000 + i}-0")
     for i in range(5):
@@ -79,7 +78,7 @@ def test_reset_is_refused_while_the_group_has_live_members_and_changes_nothing(a
     with pytest.raises(CommandError, match="live members"):
         _run(fx.group, "--to", "earliest", "--dry-run")
     assert r.xinfo_groups(k0)[0]["last-delivered-id"] == "1002-0"
-    assert len(r.xinfo_groups(ShardKeys(f"{fx.stream}:1:1").stream)) == 0  # nothing created
+    assert len(r.xinfo_groups(fx.keys(f"{fx.stream}:1:1").stream)) == 0  # nothing created
     assert not Event.objects.filter(kind="position_reset").exists()
     r.close()
 
