@@ -158,13 +158,15 @@ def _backlog(stream: str, group: str) -> None:
     from django.conf import settings
 
     from dataplane.routing import ShardKeys
+    from groups.models import Stream
 
+    prefix = Stream.objects.get(name=stream).key_prefix  # the installation's namespace
     r = redis.Redis.from_url(settings.STREAM_REDIS_URL, decode_responses=True)
     for i in range(6):
-        keys = ShardKeys(f"{stream}:1:{i}")
+        keys = ShardKeys(f"{stream}:1:{i}", prefix)
         for n in range(3 + 40 * i):
             r.xadd(keys.stream, {"key": f"k{n}", "n": str(n)})
-    k0 = ShardKeys(f"{stream}:1:0")
+    k0 = ShardKeys(f"{stream}:1:0", prefix)
     r.xgroup_create(k0.stream, group, id="0")
     r.xreadgroup(group, "c", {k0.stream: ">"}, count=2)
     r.xadd(k0.dlq(group), {"dlq:error": "ValueError: price must be positive", "dlq:deliveries": "5",
@@ -178,7 +180,7 @@ def _drop_keys(stream: str) -> None:
     from django.conf import settings
 
     r = redis.Redis.from_url(settings.STREAM_REDIS_URL)
-    for key in r.scan_iter(f"rsc:{{{stream}:*"):
+    for key in r.scan_iter(f"rsc*:{{{stream}:*"):
         r.delete(key)
     r.close()
 
