@@ -33,11 +33,13 @@ test: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench: bench-heartbeat bench-dataplane bench-describe
 
 bench-heartbeat: install
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rsc_bench} $(PY) bench/heartbeat.py
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rsc_bench_rolling} $(PY) bench/rolling_restart.py
 
 bench-dataplane: install
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} $(PY) bench/dataplane.py
