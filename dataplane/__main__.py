@@ -437,8 +437,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # The member's own lifecycle (grants, revocations, drains, fences, rejoins) at INFO; the
     # per-request HTTP lines of httpx only with -v.
+    # consume: INFO by default; produce/route/dlq print their result, so their stderr stays quiet.
+    quiet = logging.INFO if args.command == "consume" else logging.WARNING
     logging.basicConfig(
-        level=logging.INFO - 10 * min(args.verbose, 1),
+        level=quiet - 10 * min(args.verbose, 1),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.INFO if args.verbose else logging.WARNING)
