@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from assignments.models import ShardAssignment
-from groups.admin import ReadOnlyAdmin
+from groups.admin_base import ReadOnlyAdmin
 
 
 @admin.register(ShardAssignment)

@@ -28,9 +28,11 @@ from assignments.models import ShardAssignment
 from coordination.liveness import Liveness
 from coordination.model import LIVE_STATUSES
 from groups import shardstats
+from groups.admin_base import ReadOnlyAdmin, ReadOnlyInline, actor_of, when_column
 from groups.describe import shard_state
 from groups.models import Event, Group, ShardVersion, Stream, SweepRun, VersionState
 from groups.positions import reset_position
+from groups.resharding import start_reshard
 from groups.services import (
     GROUP_CONFIG_FIELDS,
     ServiceError,
@@ -38,57 +40,8 @@ from groups.services import (
     update_group_config,
     validate_group_config,
 )
-from groups.templatetags.rsc_admin import when
-
-try:  # written by the resharding work; the action is left out if it is not there
-    from groups.resharding import start_reshard
-except ImportError:  # pragma: no cover - depends on the tree
-    start_reshard = None
 
 _LIVE = [s.value for s in LIVE_STATUSES]
-
-
-def when_column(attr: str, description: str) -> Any:
-    """A list/detail column: the time to the second plus how long ago ("12 s ago")."""
-
-    @admin.display(description=description, ordering=attr)
-    def column(self: Any, obj: Any) -> str:
-        return when(getattr(obj, attr))
-
-    return column
-
-
-def _actor(request: HttpRequest) -> str:
-    return request.user.get_username() or "admin"
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows that only services write: viewable, never added, edited or deleted here."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class ReadOnlyInline(admin.TabularInline):
-    extra = 0
-    max_num = 0
-    can_delete = False
-    show_change_link = True
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 # --- streams -------------------------------------------------------------------------------------
@@ -141,7 +94,7 @@ class StreamAdmin(ReadOnlyAdmin):
     )
     readonly_fields = fields
     state_since = when_column("state_changed_at", "state since")
-    actions = ["start_reshard_action"] if start_reshard is not None else []
+    actions = ["start_reshard_action"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Stream]:
         return super().get_queryset(request).prefetch_related("versions")
@@ -192,7 +145,7 @@ class StreamAdmin(ReadOnlyAdmin):
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        extra = {"can_reshard": start_reshard is not None and self.has_reshard_permission(request)}
+        extra = {"can_reshard": self.has_reshard_permission(request)}
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
 
     def reshard_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -200,13 +153,13 @@ class StreamAdmin(ReadOnlyAdmin):
         stream = self.get_object(request, object_id)
         if stream is None:
             return self._get_obj_does_not_exist_redirect(request, self.model._meta, object_id)
-        if start_reshard is None or not self.has_reshard_permission(request):
+        if not self.has_reshard_permission(request):
             raise PermissionDenied
         form = ReshardForm(request.POST if request.method == "POST" else None)
         if form.is_bound and form.is_valid():
             change_url = reverse("admin:groups_stream_change", args=[stream.pk])
             try:
-                version = start_reshard(stream.name, form.cleaned_data["shards"], actor=_actor(request))
+                version = start_reshard(stream.name, form.cleaned_data["shards"], actor=actor_of(request))
             except ServiceError as exc:
                 self.message_user(request, f"Reshard of {stream.name} refused: {exc}", messages.ERROR)
                 return HttpResponseRedirect(change_url)
@@ -238,7 +191,7 @@ class StreamAdmin(ReadOnlyAdmin):
         form = ReshardForm(request.POST if "apply" in request.POST else None)
         if form.is_bound and form.is_valid():
             try:
-                version = start_reshard(stream.name, form.cleaned_data["shards"], actor=_actor(request))
+                version = start_reshard(stream.name, form.cleaned_data["shards"], actor=actor_of(request))
             except ServiceError as exc:
                 self.message_user(request, f"Reshard of {stream.name} refused: {exc}", messages.ERROR)
                 return None
@@ -334,7 +287,7 @@ class GroupAdmin(admin.ModelAdmin):
         data = form.cleaned_data
         if change:
             changed = {f: data[f] for f in GROUP_CONFIG_FIELDS if f in form.changed_data}
-            saved = update_group_config(obj.name, actor=_actor(request), **changed)
+            saved = update_group_config(obj.name, actor=actor_of(request), **changed)
         else:
             saved = create_group(obj.name, data["stream"].name, **{f: data[f] for f in GROUP_CONFIG_FIELDS})
         obj.pk = saved.pk
@@ -414,7 +367,7 @@ class GroupAdmin(admin.ModelAdmin):
             confirmed = request.POST.get("confirm") == "yes"
             try:
                 plan = reset_position(group.name, form.cleaned_data["to"], shard=form.cleaned_data["shard"] or None,
-                                      dry_run=not confirmed, actor=_actor(request))
+                                      dry_run=not confirmed, actor=actor_of(request))
             except ServiceError as exc:
                 self.message_user(request, f"Reset of {group.name} refused: {exc}", messages.ERROR)
                 return None

@@ -21,10 +21,10 @@ from assignments.models import ShardAssignment
 from assignments.store import load_state, lock_group, save_state
 from coordination.model import LIVE_STATUSES
 from coordination.restore import parse_fence_epoch, raise_epochs_above
+from groups.errors import ServiceError
 from groups.metadata import fence_key, redis_key, seal_key
 from groups.models import Event, Group, Shard, ShardVersion, Stream, VersionState
 from groups.namespace import stream_redis
-from groups.services import ServiceError
 from members.models import Member
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,9 @@ import redis
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from groups.errors import ServiceError
 from groups.metadata import fence_key, redis_key, seal_key
 from groups.models import Installation
-from groups.services import ServiceError
 
 PREFIX_BASE = "rsc"
 

@@ -29,8 +29,8 @@ from assignments.store import lock_group
 from coordination.model import LIVE_STATUSES, shard_sort_key
 from dataplane.routing import ShardKeys
 from groups import shardstats
+from groups.errors import ServiceError
 from groups.models import Event, Group, VersionState
-from groups.services import ServiceError
 
 _ID_RE = re.compile(r"^(\d{1,20})(?:-(\d{1,20}))?$")
 _MAX_SEQ = 2**64 - 1

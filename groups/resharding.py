@@ -31,10 +31,11 @@ from assignments.models import ShardAssignment
 from assignments.store import load_state, lock_group, save_state
 from coordination import engine
 from coordination.shardmath import parent_indexes, shard_id
+from groups.errors import ServiceError
 from groups.metadata import seal_key
 from groups.models import Event, Group, Shard, ShardVersion, Stream, StreamState, VersionState
 from groups.namespace import check_new_shards, claim_prefix
-from groups.services import ServiceError, _check_int, shard_cap
+from groups.services import _check_int, shard_cap
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """Creating streams, groups and API keys; resolving keys. The only writers of these rows."""
 from __future__ import annotations
 
+import getpass
 import hashlib
 import logging
 import re
@@ -17,6 +18,7 @@ from django.utils import timezone
 from assignments.models import ShardAssignment
 from assignments.store import lock_group
 from coordination.shardmath import shard_id
+from groups.errors import ServiceError
 from groups.models import (
     ApiKey,
     Event,
@@ -28,6 +30,7 @@ from groups.models import (
     Stream,
     VersionState,
 )
+from groups.namespace import check_new_shards, claim_prefix, default_key_prefix
 
 # Full matches only (\A…\Z, fullmatch): `$` would also accept a trailing newline.
 STREAM_NAME_RE = re.compile(r"\A[A-Za-z0-9._-]{1,200}\Z")  # no ':' — shard ids are stream:v:i
@@ -46,8 +49,12 @@ def shard_cap() -> int:
     return min(int(getattr(settings, "MAX_SHARDS_PER_STREAM", 1024)), MAX_SHARDS)
 
 
-class ServiceError(ValueError):
-    """Bad input to a service: the message names the field and is safe to show."""
+def default_actor() -> str:
+    """Who ran a management command, for the event log (`cli:<user>`; every operator command)."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no passwd entry (containers)
+        return "cli"
 
 
 def url_name_problem(field: str, value: str) -> str | None:
@@ -73,9 +80,6 @@ def create_stream(name: str, shards: int, key_prefix: str | None = None) -> Stre
     The prefix defaults to this installation's namespace (`rsc-<id8>`, groups.namespace).
     Refused when Redis already holds keys of these shards: this database did not write them.
     """
-    # groups.namespace imports ServiceError from this module.
-    from groups.namespace import check_new_shards, claim_prefix, default_key_prefix
-
     if not STREAM_NAME_RE.fullmatch(name or ""):
         raise ServiceError(f"stream name {name!r} must be 1-200 characters of [A-Za-z0-9._-]")
     _check_int("shards", shards, 1, shard_cap())
@@ -118,8 +122,6 @@ def create_group(
         max_members=max_members,
         start_position=start_position,
     )
-    from groups.namespace import check_new_shards  # imports ServiceError from here
-
     stream_row = Stream.objects.filter(name=stream).first()
     if stream_row is None:
         raise ServiceError(f"stream {stream!r} does not exist")

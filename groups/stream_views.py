@@ -12,10 +12,11 @@ from rest_framework.views import APIView
 from assignments.serializers import ErrorBodySerializer
 from groups.api_errors import error_body
 from groups.auth import require_scope, require_stream_access
+from groups.errors import ServiceError
 from groups.metadata import routing_document
 from groups.models import Stream
 from groups.resharding import ReshardInProgress, StreamNotFound, start_reshard
-from groups.services import ServiceError, url_name_problem
+from groups.services import url_name_problem
 
 STREAM_NOT_FOUND = "STREAM_NOT_FOUND"
 RESHARD_IN_PROGRESS = "RESHARD_IN_PROGRESS"

@@ -20,8 +20,8 @@ from django.utils.html import format_html
 
 from coordination.liveness import LATE_AFTER_INTERVALS, Liveness, liveness
 from coordination.model import LIVE_STATUSES, MemberStatus
-from groups.admin import ReadOnlyAdmin, when_column
-from groups.services import ServiceError
+from groups.admin_base import ReadOnlyAdmin, actor_of, when_column
+from groups.errors import ServiceError
 from members import services
 from members.models import Member
 
@@ -156,7 +156,7 @@ class MemberAdmin(ReadOnlyAdmin):
                 "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
             })
         reason = request.POST.get("reason", "").strip()[:400]
-        actor = request.user.get_username() or "admin"
+        actor = actor_of(request)
         done: list[str] = []
         skipped: list[str] = []
         for m in members:

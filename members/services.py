@@ -17,8 +17,8 @@ from assignments.fastpath import STAMP_PERIOD
 from assignments.store import load_state, lock_group, save_state
 from coordination import engine
 from coordination.model import LIVE_STATUSES, GroupState, MemberStatus
+from groups.errors import ServiceError
 from groups.models import Group
-from groups.services import ServiceError
 from members.intake import current_intake
 from members.models import Member
 

@@ -4,8 +4,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from groups.errors import ServiceError
 from groups.models import KeyRole
-from groups.services import ServiceError, create_api_key
+from groups.services import create_api_key
 
 
 class Command(BaseCommand):

@@ -4,7 +4,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from groups.services import ServiceError, create_stream
+from groups.errors import ServiceError
+from groups.services import create_stream
 
 
 class Command(BaseCommand):

@@ -4,9 +4,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from groups.errors import ServiceError
 from groups.housekeeping import delete_group
-from groups.management.commands.reshard import default_actor
-from groups.services import ServiceError
+from groups.services import default_actor
 
 
 class Command(BaseCommand):

@@ -15,9 +15,10 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from groups.errors import ServiceError
 from groups.models import Group, Stream
 from groups.namespace import claim_prefix, default_key_prefix
-from groups.services import ServiceError, create_api_key, create_group, create_stream
+from groups.services import create_api_key, create_group, create_stream
 
 
 class Command(BaseCommand):

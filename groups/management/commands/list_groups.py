@@ -5,8 +5,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from groups.errors import ServiceError
 from groups.housekeeping import list_groups
-from groups.services import ServiceError
 
 
 class Command(BaseCommand):

@@ -5,9 +5,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from groups.management.commands.reshard import default_actor
+from groups.errors import ServiceError
 from groups.positions import reset_position
-from groups.services import ServiceError
+from groups.services import default_actor
 
 
 class Command(BaseCommand):

@@ -1,21 +1,13 @@
 from __future__ import annotations
 
-import getpass
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from groups.errors import ServiceError
 from groups.models import Shard
 from groups.resharding import start_reshard
-from groups.services import ServiceError
-
-
-def default_actor() -> str:
-    """Who ran a command, for the event log (the other operator commands use it too)."""
-    try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):  # no passwd entry (containers)
-        return "cli"
+from groups.services import default_actor
 
 
 class Command(BaseCommand):

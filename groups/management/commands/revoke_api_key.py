@@ -4,7 +4,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from groups.services import KEY_CACHE_SECONDS, ServiceError, revoke_api_key
+from groups.errors import ServiceError
+from groups.services import KEY_CACHE_SECONDS, revoke_api_key
 
 
 class Command(BaseCommand):

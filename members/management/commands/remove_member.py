@@ -4,8 +4,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from groups.management.commands.reshard import default_actor
-from groups.services import ServiceError
+from groups.errors import ServiceError
+from groups.services import default_actor
 from members.services import remove_member
 
 
