@@ -6,7 +6,7 @@ the member holds) and a per-shard grid that is filtered and paged instead; the f
 table is built only for small groups (`FULL_MATRIX_MAX_CELLS`). Lag/pending/DLQ come from
 `groups.shardstats` (cached ≤ 2 s), never from a read of the shards here.
 
-Built from `assignments.store.load_state`, the same snapshot the core decides on, and the
+Built from `assignments.selectors.read_group_state`, the same snapshot the core decides on, and the
 core's own read-side helpers (`granted_to`, `target_of`, `s6_assignable`, `group_phase`), so
 the page shows exactly what the next heartbeat would see. Read-only: no lock is taken, so
 it is a consistent-enough snapshot of rows committed at read time, never a writer.
@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from assignments.store import load_state
+from assignments.selectors import read_group_state
 from coordination import engine
 from coordination.liveness import Liveness, liveness
 from coordination.model import GroupState, Member, ShardSlot, shard_sort_key
 from groups.models import Group
-from groups.shardstats import GroupStats, group_shard_stats
+from groups.selectors import group_shard_stats
+from groups.shardstats import GroupStats
 
 # Above this many members × shards the page shows summaries and the shard grid only.
 FULL_MATRIX_MAX_CELLS = 64 * 64
@@ -323,6 +324,6 @@ def _version_summaries(columns: list[ShardColumn]) -> tuple[VersionSummary, ...]
 
 
 def build_matrix(group: Group, now: datetime, *, with_stats: bool = True, full: bool | None = None) -> Matrix:
-    state, _ = load_state(group)
+    state = read_group_state(group)
     stats = group_shard_stats(group) if with_stats else None
     return matrix_from_state(state, now, stats, full=full)

@@ -23,9 +23,7 @@ from coordination.model import (
     HeartbeatResponse,
 )
 from groups.api_errors import error_body
-from groups.describe import describe_group  # noqa: F401 - the describe document lives there (§10)
 from groups.metadata import group_metadata
-from groups.models import Group
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,3 @@ def response_body(result: HeartbeatResult) -> dict[str, Any]:
         },
         "metadata": result.metadata,
     }
-
-
-def group_exists(name: str) -> bool:
-    return Group.objects.filter(name=name).exists()

@@ -23,25 +23,8 @@ from coordination.wire import InvalidRequest, parse_heartbeat
 from coordinator_project.metrics import record_heartbeat
 from groups.api_errors import RATE_LIMITED, error_body
 from groups.api_parsers import BoundedJSONParser
-from groups.auth import require_scope
+from groups.auth import authorize_group
 from groups.ratelimit import join_retry_after
-from groups.services import KeyScope, url_name_problem
-
-
-def authorize_group(request: Request, group: str) -> Response | None:
-    """401 without a key, 400 for a name no group can have, 404 for no such group, 403 for
-    another group's key."""
-    scope: KeyScope = require_scope(request)
-    if scope.group == group:
-        return None
-    problem = url_name_problem("group", group)
-    if problem is not None:
-        return Response(error_body("INVALID_REQUEST", problem), 400)
-    if not services.group_exists(group):
-        return Response(error_body("GROUP_ID_NOT_FOUND", f"group {group!r} does not exist"), 404)
-    return Response(
-        error_body("AUTHORIZATION_FAILED", f"this API key does not grant access to group {group!r}"), 403
-    )
 
 
 class JsonOnly(BaseContentNegotiation):

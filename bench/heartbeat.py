@@ -269,7 +269,7 @@ def main() -> None:
         print(f"   stable after {seconds:.1f} s (goal <= 10 s; all joins answered after {joins:.1f} s;"
               f" {requests} heartbeats)")
 
-        from assignments.services import describe_group
+        from groups.describe import describe_group
 
         doc = describe_group("bench")
         assert doc and doc["state"] == "STABLE", doc and doc["state"]

@@ -8,7 +8,8 @@ Two kinds, so every gunicorn worker answers a scrape with the same numbers:
   per-process files that the scrape sums.
 * State (members and shards by state per group, pending shards, epochs, resharding state,
   sweep lag) is read from the database at scrape time by `StateCollector`, a handful of
-  aggregate queries, so there are no process-local gauges to go stale or disagree.
+  aggregate queries (the apps' selectors), so there are no process-local gauges to go stale
+  or disagree.
 * Backlog (lag, pending, DLQ length per group and shard, §10) comes from `groups.shardstats`
   at scrape time: its per-process cache (≤ 2 s) makes a scrape cost Redis at most one round
   trip per node and group per period. Where Redis cannot be read the series are left out
@@ -24,7 +25,6 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, F, Q
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from prometheus_client import (
@@ -39,9 +39,14 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from coordination.liveness import Liveness, liveness
-from coordination.model import LIVE_STATUSES, MemberStatus
+from assignments import selectors as assignment_selectors
+from coordination.liveness import LATE_AFTER_INTERVALS, Liveness
+from coordination.model import MemberStatus
+from groups import selectors as group_selectors
+from groups import shardstats
+from groups.models import Group, StreamState, VersionState
 from groups.ratelimit import LogThrottle
+from members import selectors as member_selectors
 
 log = logging.getLogger("coordinator.heartbeat")
 
@@ -97,39 +102,17 @@ class StateCollector(Collector):
     """Per-group and per-stream state, read from the database on every scrape."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        # Imported here: the collector is built per scrape, after Django is set up.
-        from assignments.models import ShardAssignment
-        from groups.models import Group, ShardVersion, Stream, StreamState, SweepRun, VersionState
-        from members.models import Member
-
         now = timezone.now()
-        groups = list(Group.objects.select_related("stream").order_by("name"))
+        groups = group_selectors.groups_with_streams()
 
         members = GaugeMetricFamily("rsc_group_members", "Members of a group by state.", labels=["group", "state"])
-        counts = {
-            (r["group__name"], r["status"]): r["n"]
-            for r in Member.objects.values("group__name", "status").annotate(n=Count("id"))
-        }
+        counts = member_selectors.status_counts()
         for g in groups:
             for s in MemberStatus:
                 members.add_metric([g.name, s.value], counts.get((g.name, s.value), 0))
         yield members
 
-        live = ShardAssignment.objects.exclude(shard__version__state=VersionState.RETIRED)
-        per_group = {
-            r["group__name"]: r
-            for r in live.values("group__name").annotate(
-                n_drained=Count("id", filter=Q(drained_at__isnull=False)),
-                n_revoking=Count("id", filter=Q(drained_at__isnull=True, revoking=True)),
-                n_granted=Count("id", filter=Q(drained_at__isnull=True, revoking=False, owner__isnull=False)),
-                n_unowned=Count("id", filter=Q(drained_at__isnull=True, owner__isnull=True)),
-                # (n_ names: an annotation named like a field would shadow it in FILTER.)
-                # Pending as the core answers it: in a member's target, not granted to it.
-                n_pending=Count("id", filter=Q(target__isnull=False) & (
-                    Q(owner__isnull=True) | ~Q(owner=F("target")) | Q(revoking=True)
-                )),
-            )
-        }
+        per_group = assignment_selectors.shard_counts_by_group()
         shards = GaugeMetricFamily(
             "rsc_group_shards", "Live shards of a group by state (granted, revoking, unowned, drained).",
             labels=["group", "state"],
@@ -155,7 +138,7 @@ class StateCollector(Collector):
                 fam.add_metric([g.name], getattr(g, attr))
             yield fam
 
-        streams = list(Stream.objects.order_by("name"))
+        streams = group_selectors.streams()
         resharding = GaugeMetricFamily(
             "rsc_stream_resharding_state", "1 for the stream's current resharding state.", labels=["stream", "state"]
         )
@@ -170,10 +153,7 @@ class StateCollector(Collector):
         versions = GaugeMetricFamily(
             "rsc_stream_versions", "Shard versions of a stream by state.", labels=["stream", "state"]
         )
-        vcounts = {
-            (r["stream__name"], r["state"]): r["n"]
-            for r in ShardVersion.objects.values("stream__name", "state").annotate(n=Count("id"))
-        }
+        vcounts = group_selectors.version_counts()
         for s in streams:
             for state in VersionState:
                 versions.add_metric([s.name, state.value], vcounts.get((s.name, state.value), 0))
@@ -183,10 +163,7 @@ class StateCollector(Collector):
             "rsc_group_undrained_sealed_shards",
             "Shards of sealed versions a group has not drained yet (resharding progress).", labels=["group"],
         )
-        sealed_left = dict(
-            ShardAssignment.objects.filter(shard__version__state=VersionState.SEALED, drained_at__isnull=True)
-            .values("group__name").annotate(n=Count("id")).values_list("group__name", "n")
-        )
+        sealed_left = assignment_selectors.undrained_sealed_by_group()
         for g in groups:
             undrained.add_metric([g.name], sealed_left.get(g.name, 0))
         yield undrained
@@ -197,39 +174,30 @@ class StateCollector(Collector):
         lag = GaugeMetricFamily(
             "rsc_sweep_lag_seconds", "Seconds since each periodic sweep last finished.", labels=["sweep"]
         )
-        for run in SweepRun.objects.order_by("name"):
+        for run in group_selectors.sweep_runs():
             if run.last_finished_at is not None:
                 lag.add_metric([run.name], max(0.0, (now - run.last_finished_at).total_seconds()))
         yield lag
 
 
-def _liveness_families(groups: list[Any], now: datetime) -> Iterator[GaugeMetricFamily]:
+def _liveness_families(groups: list[Group], now: datetime) -> Iterator[GaugeMetricFamily]:
     """Live members by liveness (alive / late / expired / unknown), the admin's classifier."""
-    from members.models import Member
-
     fam = GaugeMetricFamily(
         "rsc_group_members_liveness",
-        "Live members by liveness: late = silent > 2 heartbeat intervals, expired = beyond the session timeout.",
+        f"Live members by liveness: late = silent > {LATE_AFTER_INTERVALS} heartbeat intervals,"
+        " expired = beyond the session timeout.",
         labels=["group", "liveness"],
     )
-    by_pk = {g.pk: g for g in groups}
-    counts: dict[tuple[int, Liveness], int] = {}
-    rows = Member.objects.filter(status__in=[s.value for s in LIVE_STATUSES]).values_list("group_id", "last_heartbeat_at")
-    for group_id, last in rows:
-        g = by_pk.get(group_id)
-        if g is not None:
-            _, alive = liveness(last, now, g.heartbeat_interval_ms, g.session_timeout_ms)
-            counts[(group_id, alive)] = counts.get((group_id, alive), 0) + 1
+    counts = member_selectors.liveness_by_group(now)
     for g in groups:
+        mine = counts.get(g.pk, {})
         for state in Liveness:
-            fam.add_metric([g.name, state.value], counts.get((g.pk, state), 0))
+            fam.add_metric([g.name, state.value], mine.get(state, 0))
     yield fam
 
 
-def _backlog_families(groups: list[Any]) -> Iterator[GaugeMetricFamily]:
+def _backlog_families(groups: list[Group]) -> Iterator[GaugeMetricFamily]:
     """Lag, pending and DLQ length per group and shard (§10), from the cached shard statistics."""
-    from groups import shardstats
-
     labels = ["group", "stream"]
     up = GaugeMetricFamily("rsc_shard_stats_up", "1 when the group's shard statistics could be read from Redis.",
                            labels=["group"])
@@ -244,7 +212,7 @@ def _backlog_families(groups: list[Any]) -> Iterator[GaugeMetricFamily]:
     for g in groups:
         ids = shard_ids.get(g.stream_id)
         if ids is None:
-            ids = shard_ids[g.stream_id] = shardstats.live_shard_ids(g.stream_id)
+            ids = shard_ids[g.stream_id] = group_selectors.live_shard_ids(g.stream_id)
         stats = shardstats.shard_stats(g.name, g.stream.key_prefix, ids)
         up.add_metric([g.name], 1 if stats.ok else 0)
         if not stats.ok:

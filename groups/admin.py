@@ -15,7 +15,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.db.models import Count, Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -24,10 +24,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from assignments.matrix import Matrix, ShardColumn, build_matrix
-from assignments.models import ShardAssignment
-from coordination.liveness import Liveness
-from coordination.model import LIVE_STATUSES
-from groups import shardstats
+from assignments.selectors import drain_progress
+from coordination.liveness import NEEDS_ATTENTION, Liveness
+from groups import selectors, shardstats
 from groups.admin_base import ReadOnlyAdmin, ReadOnlyInline, actor_of, when_column
 from groups.describe import shard_state
 from groups.models import Event, Group, ShardVersion, Stream, SweepRun, VersionState
@@ -41,33 +40,8 @@ from groups.services import (
     validate_group_config,
 )
 
-_LIVE = [s.value for s in LIVE_STATUSES]
-
 
 # --- streams -------------------------------------------------------------------------------------
-def drain_progress(stream: Stream) -> list[dict[str, Any]]:
-    """Per group and live version: shards drained and still held (§6.3–6.4)."""
-    rows = (
-        ShardAssignment.objects.filter(group__stream=stream)
-        .exclude(shard__version__state=VersionState.RETIRED)
-        .values("group__name", "shard__version__version", "shard__version__state")
-        .annotate(
-            total=Count("id"),
-            drained=Count("id", filter=Q(drained_at__isnull=False)),
-            held=Count("id", filter=Q(owner__isnull=False)),
-        )
-        .order_by("group__name", "shard__version__version")
-    )
-    return [
-        {
-            "group": r["group__name"], "version": r["shard__version__version"],
-            "state": r["shard__version__state"], "total": r["total"], "drained": r["drained"],
-            "held": r["held"],
-        }
-        for r in rows
-    ]
-
-
 class ShardVersionInline(ReadOnlyInline):
     model = ShardVersion
     fields = ("version", "shard_count", "state", "created_at", "sealed_at", "retired_at")
@@ -244,9 +218,7 @@ class GroupAdmin(admin.ModelAdmin):
     epoch_fields = ("group_epoch", "assignment_epoch", "metadata_epoch", "created_at")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Group]:
-        return super().get_queryset(request).annotate(
-            live_count=Count("members", filter=Q(members__status__in=_LIVE))
-        )
+        return selectors.with_live_member_counts(super().get_queryset(request))
 
     def get_fieldsets(self, request: HttpRequest, obj: Group | None = None) -> Any:
         config = (
@@ -463,14 +435,6 @@ def heat_grid(columns: list[ShardColumn]) -> str:
     return mark_safe("".join(out))  # noqa: S308 - every value is escaped above
 
 
-def group_events(group: Group, limit: int = 20) -> list[Event]:
-    """The group's events and its stream's (reshard started, sealed, retired)."""
-    return list(
-        Event.objects.filter(Q(group=group) | Q(group__isnull=True, stream_id=group.stream_id))
-        .select_related("group", "stream").order_by("-created_at", "-id")[:limit]
-    )
-
-
 def group_page_context(group: Group, matrix: Matrix, now: Any, request: HttpRequest) -> dict[str, Any]:
     stats = matrix.stats
     rows = list(matrix.rows)
@@ -480,7 +444,7 @@ def group_page_context(group: Group, matrix: Matrix, now: Any, request: HttpRequ
         rows = [r for r in rows if q in r.member_id or q in r.client_id]
     if alive in {v.value for v in Liveness}:
         rows = [r for r in rows if r.liveness == alive]
-    late = sum(r.liveness in (Liveness.LATE, Liveness.EXPIRED, Liveness.UNKNOWN) for r in matrix.rows)
+    late = sum(r.liveness in NEEDS_ATTENTION for r in matrix.rows)
     dlq_shards = sorted((c for c in matrix.columns if c.dlq), key=lambda c: -(c.dlq or 0))[:20]
     dlq_entries, dlq_error = ([], None)
     if stats is not None and stats.ok and dlq_shards:
@@ -500,7 +464,7 @@ def group_page_context(group: Group, matrix: Matrix, now: Any, request: HttpRequ
         "dlq_shards": dlq_shards,
         "dlq_entries": dlq_entries,
         "dlq_error": dlq_error,
-        "events": group_events(group),
+        "events": selectors.group_events(group),
         "now": now,
         "members_url": reverse("admin:members_member_changelist") + f"?group__id__exact={group.pk}",
         "stream_url": reverse("admin:groups_stream_change", args=[group.stream_id]),

@@ -12,11 +12,11 @@ from typing import Any
 
 from django.utils import timezone
 
-from assignments.store import load_state
+from assignments.selectors import read_group_state
 from coordination import engine
 from coordination.liveness import liveness
 from coordination.model import GroupState, ShardSlot, shard_sort_key
-from groups import shardstats
+from groups import selectors, shardstats
 from groups.models import Group
 
 
@@ -104,9 +104,9 @@ def describe_document(group: Group, state: GroupState, stats: shardstats.GroupSt
 
 def describe_group(name: str, now: datetime | None = None) -> dict[str, Any] | None:
     """GET /api/v1/groups/{group} and `describe_group`: who holds what, how far behind."""
-    group = Group.objects.select_related("stream").filter(name=name).first()
+    group = selectors.group_with_stream(name)
     if group is None:
         return None
-    state, _ = load_state(group)
-    stats = shardstats.group_shard_stats(group)
+    state = read_group_state(group)
+    stats = selectors.group_shard_stats(group)
     return describe_document(group, state, stats, now or timezone.now())

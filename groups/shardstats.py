@@ -282,24 +282,6 @@ def shard_stats(group: str, prefix: str, shard_ids: Sequence[str], *, fresh: boo
         return _read(key)
 
 
-def group_shard_stats(group: Any, *, fresh: bool = False) -> GroupStats:
-    """Figures for a `groups.models.Group` on its live (not retired) shards."""
-    return shard_stats(group.name, group.stream.key_prefix, live_shard_ids(group.stream_id), fresh=fresh)
-
-
-# Live shard ids per (stream, metadataEpoch) would need the stream row; ids are cheap to read
-# (one indexed query), and their order is the display order.
-def live_shard_ids(stream_id: int) -> list[str]:
-    from groups.models import Shard, VersionState
-
-    return list(
-        Shard.objects.filter(version__stream_id=stream_id)
-        .exclude(version__state=VersionState.RETIRED)
-        .order_by("version__version", "index")
-        .values_list("shard_id", flat=True)
-    )
-
-
 @dataclass(frozen=True)
 class DlqEntry:
     shard_id: str

@@ -7,31 +7,30 @@ under its group's row lock, through the core), never a bulk update, and need the
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, DateTimeField, ExpressionWrapper, F, Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from coordination.liveness import LATE_AFTER_INTERVALS, Liveness, liveness
+from assignments.selectors import held_shards
+from coordination.liveness import Liveness, liveness
 from coordination.model import LIVE_STATUSES, MemberStatus
 from groups.admin_base import ReadOnlyAdmin, actor_of, when_column
 from groups.errors import ServiceError
-from members import services
+from members import selectors, services
 from members.models import Member
 
 _LIVE = [s.value for s in LIVE_STATUSES]
-_ONE_MS = timedelta(milliseconds=1)
 FENCE_PERMISSION = "members.fence_member"
 
 
 class LivenessFilter(admin.SimpleListFilter):
-    """alive / late / expired, per group's settings: coordination.liveness's rule as SQL."""
+    """alive / late / expired, per group's settings: coordination.liveness's cutoffs in SQL."""
 
     title = "heartbeat"
     parameter_name = "liveness"
@@ -40,23 +39,10 @@ class LivenessFilter(admin.SimpleListFilter):
         return [(v.value, v.value) for v in (Liveness.ALIVE, Liveness.LATE, Liveness.EXPIRED)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Member]) -> QuerySet[Member]:
-        if self.value() not in {v.value for v in Liveness}:
+        value = self.value()
+        if value not in {v.value for v in Liveness}:
             return queryset
-        now = timezone.now()
-        late_at = ExpressionWrapper(
-            F("last_heartbeat_at") + LATE_AFTER_INTERVALS * F("group__heartbeat_interval_ms") * _ONE_MS, output_field=DateTimeField()
-        )
-        expired_at = ExpressionWrapper(
-            F("last_heartbeat_at") + F("group__session_timeout_ms") * _ONE_MS, output_field=DateTimeField()
-        )
-        live = queryset.filter(status__in=_LIVE, last_heartbeat_at__isnull=False).annotate(
-            late_at=late_at, expired_at=expired_at
-        )
-        if self.value() == Liveness.ALIVE:
-            return live.filter(late_at__gte=now)
-        if self.value() == Liveness.LATE:
-            return live.filter(late_at__lt=now, expired_at__gte=now)
-        return live.filter(expired_at__lt=now)
+        return selectors.filter_by_liveness(queryset, Liveness(value), timezone.now())
 
 
 @admin.register(Member)
@@ -80,10 +66,7 @@ class MemberAdmin(ReadOnlyAdmin):
     last_heartbeat = when_column("last_heartbeat_at", "last heartbeat")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Member]:
-        return super().get_queryset(request).annotate(
-            held=Count("owned_shards", distinct=True),
-            revoking=Count("owned_shards", filter=Q(owned_shards__revoking=True), distinct=True),
-        )
+        return selectors.with_shard_counts(super().get_queryset(request))
 
     @admin.display(description="since last heartbeat")
     def heartbeat(self, obj: Member) -> str:
@@ -114,7 +97,7 @@ class MemberAdmin(ReadOnlyAdmin):
 
     @admin.display(description="held shards (grant epoch)")
     def held_shards(self, obj: Member) -> str:
-        rows = obj.owned_shards.select_related("shard").order_by("shard__version_id", "shard__index")
+        rows = held_shards(obj.pk)
         parts = [f"{a.shard.shard_id}@{a.grant_epoch}{' revoking' if a.revoking else ''}" for a in rows]
         return ", ".join(parts) or "—"
 

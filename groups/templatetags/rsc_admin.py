@@ -8,6 +8,8 @@ from django import template
 from django.utils import timezone
 from django.utils.html import format_html
 
+from groups.dashboard import dashboard
+
 register = template.Library()
 
 
@@ -48,6 +50,4 @@ def rsc_dashboard(context: dict[str, Any]) -> dict[str, Any] | None:
     request = context.get("request")
     if request is None or not request.user.has_perm("groups.view_group"):
         return None
-    from groups.dashboard import dashboard
-
     return dashboard(timezone.now())

@@ -25,9 +25,9 @@ import pytest
 import redis
 from django.conf import settings
 
-from assignments.services import describe_group
 from dataplane import Producer, Sent
 from dataplane.routing import ShardKeys, hash64, shard_index
+from groups.describe import describe_group
 from groups.models import Shard
 from groups.services import create_api_key, create_group, create_stream
 from groups.sweeps import run_all_sweeps

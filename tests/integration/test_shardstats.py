@@ -15,7 +15,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from dataplane.routing import ShardKeys
-from groups import shardstats
+from groups import selectors, shardstats
 from groups.models import Group
 from groups.shardstats import read_shard_stats, shard_stats
 from tests.dataplane.conftest import cluster_url  # noqa: F401 - session fixture: a local cluster
@@ -133,7 +133,7 @@ def test_stale_figures_are_served_while_one_background_read_refreshes_them(r: re
 def test_redis_away_gives_null_figures_with_a_reason_and_heartbeats_still_work(hb: Hb, orders: GroupFixture):
     shardstats.clear_cache()
     with override_settings(STREAM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", SHARD_STATS_SOCKET_TIMEOUT=0.2):
-        stats = shardstats.group_shard_stats(Group.objects.select_related("stream").get(name=orders.group))
+        stats = selectors.group_shard_stats(Group.objects.select_related("stream").get(name=orders.group))
         assert not stats.ok and "ConnectionError" in (stats.error or "")
         assert stats.lag is None and stats.pending is None and stats.dlq is None
         assert stats.shard("orders:1:0").lag is None

@@ -1,0 +1,77 @@
+"""Read queries about streams, groups, events and sweeps, for the admin, describe, the
+dashboard and the metrics. Never a write, never a lock (services write; docs/ARCHITECTURE.md,
+Layers)."""
+from __future__ import annotations
+
+from django.db.models import Count, Q, QuerySet
+
+from coordination.model import LIVE_STATUSES
+from groups import shardstats
+from groups.models import Event, Group, Shard, ShardVersion, Stream, SweepRun, VersionState
+
+_LIVE = [s.value for s in LIVE_STATUSES]
+
+
+def group_exists(name: str) -> bool:
+    return Group.objects.filter(name=name).exists()
+
+
+def group_with_stream(name: str) -> Group | None:
+    return Group.objects.select_related("stream").filter(name=name).first()
+
+
+def groups_with_streams() -> list[Group]:
+    return list(Group.objects.select_related("stream").order_by("name"))
+
+
+def with_live_member_counts(groups: QuerySet[Group]) -> QuerySet[Group]:
+    """Each group annotated with `live_count`, its live members."""
+    return groups.annotate(live_count=Count("members", filter=Q(members__status__in=_LIVE)))
+
+
+def streams() -> list[Stream]:
+    return list(Stream.objects.order_by("name"))
+
+
+def live_versions_by_stream() -> dict[int, list[ShardVersion]]:
+    """Not retired versions per stream pk, oldest first."""
+    versions: dict[int, list[ShardVersion]] = {}
+    for v in ShardVersion.objects.exclude(state=VersionState.RETIRED).order_by("version"):
+        versions.setdefault(v.stream_id, []).append(v)
+    return versions
+
+
+def version_counts() -> dict[tuple[str, str], int]:
+    """(stream name, version state) → how many versions."""
+    return {
+        (r["stream__name"], r["state"]): r["n"]
+        for r in ShardVersion.objects.values("stream__name", "state").annotate(n=Count("id"))
+    }
+
+
+def sweep_runs() -> list[SweepRun]:
+    return list(SweepRun.objects.order_by("name"))
+
+
+def group_events(group: Group, limit: int = 20) -> list[Event]:
+    """The group's events and its stream's (reshard started, sealed, retired), newest first."""
+    return list(
+        Event.objects.filter(Q(group=group) | Q(group__isnull=True, stream_id=group.stream_id))
+        .select_related("group", "stream").order_by("-created_at", "-id")[:limit]
+    )
+
+
+# Live shard ids per (stream, metadataEpoch) would need the stream row; ids are cheap to read
+# (one indexed query), and their order is the display order.
+def live_shard_ids(stream_id: int) -> list[str]:
+    return list(
+        Shard.objects.filter(version__stream_id=stream_id)
+        .exclude(version__state=VersionState.RETIRED)
+        .order_by("version__version", "index")
+        .values_list("shard_id", flat=True)
+    )
+
+
+def group_shard_stats(group: Group, *, fresh: bool = False) -> shardstats.GroupStats:
+    """The Redis figures (lag, pending, DLQ) of a group on its live (not retired) shards."""
+    return shardstats.shard_stats(group.name, group.stream.key_prefix, live_shard_ids(group.stream_id), fresh=fresh)
