@@ -21,9 +21,9 @@ from assignments.serializers import (
 )
 from coordination.wire import InvalidRequest, parse_heartbeat
 from coordinator_project.metrics import record_heartbeat
+from groups.access import authorize_group
 from groups.api_errors import RATE_LIMITED, error_body
 from groups.api_parsers import BoundedJSONParser
-from groups.auth import authorize_group
 from groups.ratelimit import join_retry_after
 
 

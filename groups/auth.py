@@ -4,11 +4,8 @@ from __future__ import annotations
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.request import Request
-from rest_framework.response import Response
 
-from groups.api_errors import error_body
-from groups.selectors import group_exists
-from groups.services import KeyScope, resolve_api_key, url_name_problem
+from groups.services import KeyScope, resolve_api_key
 
 
 class ApiKeyAuthentication(BaseAuthentication):
@@ -48,19 +45,3 @@ def require_stream_access(request: Request, stream: str, *, reshard: bool) -> Ke
     if allowed:
         return scope
     raise exceptions.PermissionDenied(f"this API key does not grant access to stream {stream!r}")
-
-
-def authorize_group(request: Request, group: str) -> Response | None:
-    """401 without a key, 400 for a name no group can have, 404 for no such group, 403 for
-    another group's key."""
-    scope: KeyScope = require_scope(request)
-    if scope.group == group:
-        return None
-    problem = url_name_problem("group", group)
-    if problem is not None:
-        return Response(error_body("INVALID_REQUEST", problem), 400)
-    if not group_exists(group):
-        return Response(error_body("GROUP_ID_NOT_FOUND", f"group {group!r} does not exist"), 404)
-    return Response(
-        error_body("AUTHORIZATION_FAILED", f"this API key does not grant access to group {group!r}"), 403
-    )

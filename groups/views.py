@@ -7,8 +7,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from groups.access import authorize_group
 from groups.api_errors import error_body
-from groups.auth import authorize_group
 from groups.describe import describe_group
 
 _shard_list = serializers.ListField(child=serializers.CharField())

@@ -21,9 +21,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from assignments.models import ShardAssignment
-from assignments.services import describe_group, heartbeat
+from assignments.services import heartbeat
 from coordination.model import HeartbeatRequest, RevokeReport, RevokeState
 from coordination.shardmath import hash_range, shard_id
+from groups.describe import describe_group
 from groups.metadata import seal_key
 from groups.models import Event, Group, ShardVersion, Stream
 from groups.namespace import default_key_prefix

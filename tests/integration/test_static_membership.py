@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from assignments import fastpath
 from assignments.models import ShardAssignment
-from assignments.services import describe_group
 from assignments.services import heartbeat as heartbeat_service
 from coordination.model import HeartbeatRequest
+from groups.describe import describe_group
 from members.models import Member
 from members.services import sweep_liveness
 
