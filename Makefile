@@ -27,7 +27,9 @@ install: $(VENV)/.installed $(VENV)/.dataplane-installed
 run: install
 	$(PY) scripts/run.py
 
+# Import contracts first (.importlinter: pure core, stand-alone data plane, the app layers).
 test: install
+	$(VENV)/bin/lint-imports --no-logo --no-cache
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
 		$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 

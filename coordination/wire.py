@@ -135,7 +135,8 @@ def parse_heartbeat(data: Any) -> HeartbeatRequest:
             c.fail(path, f"must be an object with shard and state, got {type(entry).__name__}")
             continue
         shard = c.shard(f"{path}.shard", entry.get("shard"))
-        state = _REVOKE_STATES.get(entry.get("state")) if isinstance(entry.get("state"), str) else None
+        raw_state = entry.get("state")
+        state = _REVOKE_STATES.get(raw_state) if isinstance(raw_state, str) else None
         if state is None:
             c.fail(f"{path}.state", "must be one of REVOKING, REVOKED")
         if shard is not None and state is not None:
