@@ -305,7 +305,7 @@ def r4_check_ownership(
     stale = claimed - held
     if not stale:
         return None
-    shard = min(stale, key=lambda s: (s.count(":") != 2, s))
+    shard = _shard_to_name(stale)
     slot = state.shards.get(shard)
     if slot is None:
         why = "is not an assignable shard of this group"
@@ -409,6 +409,13 @@ def r7_metadata_current(state: GroupState, req: HeartbeatRequest) -> bool:
 
 
 # --- R8 (the coordinator's side), L1, L2 -----------------------------------------------------
+def _shard_to_name(stale: set[str]) -> str:
+    """The one stale shard a refusal names: a well-formed shard id (stream:version:index;
+    stream names have no ':') before any other string the member sent, then the smallest,
+    so the message names a real shard when there is one and is the same every time."""
+    return min(stale, key=lambda s: (s.count(":") != 2, s))
+
+
 def r8_remove_members(
     state: GroupState,
     member_ids: Iterable[str],
@@ -416,7 +423,6 @@ def r8_remove_members(
     status: MemberStatus,
     reason: str,
     actor: str,
-    now: datetime,
 ) -> list[str]:
     """R8: the coordinator removes members itself: shards released, one epoch bump."""
     removed = []
@@ -495,8 +501,7 @@ def l1_expire_silent_members(
         if since is None or _ms_since(since, now) > state.session_timeout_ms:
             silent.append(m.member_id)
     return r8_remove_members(
-        state, silent, status=MemberStatus.EXPIRED, reason="session timeout", actor="sweeper",
-        now=now,
+        state, silent, status=MemberStatus.EXPIRED, reason="session timeout", actor="sweeper"
     )
 
 
@@ -526,8 +531,7 @@ def l2_fence_overdue_revocations(
         if intake.up_since is None or _ms_since(intake.up_since, now) > m.rebalance_timeout_ms:
             overdue.append(m.member_id)
     return r8_remove_members(
-        state, overdue, status=MemberStatus.FENCED, reason="rebalance timeout", actor="sweeper",
-        now=now,
+        state, overdue, status=MemberStatus.FENCED, reason="rebalance timeout", actor="sweeper"
     )
 
 

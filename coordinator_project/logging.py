@@ -10,7 +10,7 @@ EXTRA_FIELDS = ("event", "group", "memberId", "memberEpoch", "groupEpoch", "assi
 
 
 # C0/C1 controls (newline, ESC, ...) and the Unicode line separators: names from URLs and
-# bodies must not start a forged log line or drive a terminal (issue 8.7).
+# bodies must not start a forged log line or drive a terminal.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 

@@ -1,4 +1,4 @@
-"""A database that is down, wrong or too slow answers 503 with Retry-After (issue 8.4).
+"""A database that is down, wrong or too slow answers 503 with Retry-After.
 
 The request could not be served now and may well be later: the data-plane library retries
 5xx with backoff, and a load balancer sees the 503. Not a 500 (nothing is wrong with the

@@ -29,7 +29,7 @@ if not SECRET_KEY:
     )
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
-# Production security behind TLS (issue 8.7), each off by default (plain HTTP on loopback).
+# Production security behind TLS, each off by default (plain HTTP on loopback).
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS")
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD")
@@ -56,7 +56,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "coordinator_project.middleware.DatabaseUnavailableMiddleware",  # issue 8.4: 503, not 500
+    "coordinator_project.middleware.DatabaseUnavailableMiddleware",  # database trouble: 503, not 500
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -134,7 +134,7 @@ if _default["ENGINE"].endswith("postgresql"):
 if env_bool("DB_POOL") and _default["ENGINE"].endswith("postgresql"):
     # Issue 8.2: the gevent worker (gunicorn.conf.py sets DB_POOL) serves many requests at
     # once; each borrows a connection from a per-process pool for the request's duration.
-    # A request that waits longer than DB_POOL_TIMEOUT for one answers 503 (issue 8.4).
+    # A request that waits longer than DB_POOL_TIMEOUT for one answers 503.
     # "default" (the locked path: joins, revocations, admin) gets few: its transactions
     # queue on a group's row lock, and every greenlet inside one slows the lock holder
     # (cooperative scheduling), so waiting for a pooled connection is the cheaper queue.
@@ -229,7 +229,7 @@ LOGGING = {
     "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }
 
-# --- Periodic sweeps and resharding (issue 3) ---------------------------------
+# --- Periodic sweeps and resharding -------------------------------------------
 # Where the shard streams live; seal markers are written here (§6.2).
 STREAM_REDIS_URL = os.environ.get("STREAM_REDIS_URL", REDIS_URL)
 # Every sweep is safe to overlap, so a tick that waited longer than a few intervals is
@@ -248,13 +248,13 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
-# --- Admin and observability (issue 5) ----------------------------------------
+# --- Admin and observability --------------------------------------------------
 # /readyz fails when a recorded sweep has not finished for this long (L1/L2 stall).
 SWEEP_MAX_LAG_SECONDS = float(os.environ.get("SWEEP_MAX_LAG_SECONDS", max(30.0, 10 * SWEEP_INTERVAL_SECONDS)))
 # Optional bearer token for /metrics (empty: open, as usual behind a private scrape network).
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 
-# --- Hardening: shard cap, retention, join rate limits (issue 8.5, 8.6) --------------------
+# --- Hardening: shard cap, retention, join rate limits -----------------------
 # Most shards a stream version may have (create_stream, reshard); hard ceiling 16,384.
 MAX_SHARDS_PER_STREAM = env_int("MAX_SHARDS_PER_STREAM", 1024)
 # Retention (groups.retention, beat task `groups.tasks.apply_retention`). LEFT, EXPIRED and
@@ -274,7 +274,7 @@ JOIN_RATE_PER_KEY = float(os.environ.get("JOIN_RATE_PER_KEY", "50"))
 JOIN_BURST_PER_KEY = env_int("JOIN_BURST_PER_KEY", 1000)
 JOIN_RATE_PER_IP = float(os.environ.get("JOIN_RATE_PER_IP", "0"))
 JOIN_BURST_PER_IP = env_int("JOIN_BURST_PER_IP", 100)
-# --- Operator visibility (issue 10, PROTOCOL.md §10) ---------------------------
+# --- Operator visibility (PROTOCOL.md §10) ------------------------------------
 # The shard streams are on a Redis Cluster (per-node pipelines for the shard statistics).
 STREAM_REDIS_CLUSTER = os.environ.get("STREAM_REDIS_CLUSTER", "").lower() in {"1", "true", "yes"}
 # Lag/pending/DLQ figures are cached per process this long (one round trip per node per period).

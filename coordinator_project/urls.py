@@ -4,21 +4,21 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from assignments.views import HeartbeatView
 from coordinator_project import views
-from coordinator_project.metrics import metrics_view  # issue 5: Prometheus
-from groups.stream_views import ReshardView, RoutingView  # issue 3: routing + resharding
+from coordinator_project.metrics import metrics_view
+from groups.stream_views import ReshardView, RoutingView
 from groups.views import DescribeGroupView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/groups/<str:group>/heartbeat", HeartbeatView.as_view(), name="heartbeat"),
     path("api/v1/groups/<str:group>", DescribeGroupView.as_view(), name="describe-group"),
-    # issue 3: producer routing and resharding (§6)
+    # producer routing and resharding (§6)
     path("api/v1/streams/<str:stream>/routing", RoutingView.as_view(), name="stream-routing"),
     path("api/v1/streams/<str:stream>/reshard", ReshardView.as_view(), name="stream-reshard"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
-    path("metrics", metrics_view, name="metrics"),  # issue 5
-    path("favicon.ico", views.favicon, name="favicon"),  # issue 12
+    path("metrics", metrics_view, name="metrics"),  # Prometheus (docs/OBSERVABILITY.md)
+    path("favicon.ico", views.favicon, name="favicon"),
 ]

@@ -73,7 +73,7 @@ def _check_intake() -> str:
     return f"ok (up since {intake.up_since:%Y-%m-%dT%H:%M:%SZ})"
 
 
-# --- issue 5: Redis and sweep lag ------------------------------------------------------------
+# --- Redis and sweep lag -------------------------------------------------------------------
 @cache
 def _probe_client(url: str) -> redis.Redis:
     # One quick attempt: redis-py 8 retries with backoff by default, far too long for a probe.

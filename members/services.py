@@ -72,9 +72,7 @@ def _remove(
         member = state.members.get(member_id)
         if member is None or not member.live:
             raise ServiceError(f"group {group!r} has no live member {member_id!r}")
-        return engine.r8_remove_members(
-            state, [member_id], status=status, reason=reason, actor=actor, now=now
-        )
+        return engine.r8_remove_members(state, [member_id], status=status, reason=reason, actor=actor)
 
     _in_locked_group(group, work, now, actor)
 

@@ -278,7 +278,7 @@ def test_r8_operator_fence_removes_member_and_next_heartbeat_is_fenced():
     settle([a, b])
     epoch = state.group_epoch
     removed = engine.r8_remove_members(
-        state, ["a"], status=MemberStatus.FENCED, reason="operator", actor="admin", now=at(1)
+        state, ["a"], status=MemberStatus.FENCED, reason="operator", actor="admin"
     )
     assert removed == ["a"] and state.group_epoch == epoch + 1
     assert state.held_by("a") == set()
