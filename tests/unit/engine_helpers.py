@@ -1,6 +1,7 @@
 """Builders for pure engine tests: a group with shards and a clock."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from coordination import engine
@@ -83,6 +84,28 @@ class Client:
         self.owned = [s for s in self.owned if s in a.assigned or s in a.revoking]
         if r.status == "OK":
             self.owned = sorted(set(self.owned) | set(a.assigned))
+
+
+def group_with(
+    member_ids: Sequence[str],
+    shards: int = 4,
+    *,
+    settled: bool = True,
+    joined_at: datetime = T0,
+    settled_at: datetime = T0,
+    instance_ids: Sequence[str] | None = None,
+    **config: int,
+) -> tuple[GroupState, list[Client]]:
+    """A group of `shards` shards that these members joined in order (static members when
+    `instance_ids` are given), heartbeated until stable unless `settled=False`."""
+    state = make_group(shards, **config)
+    ids: Sequence[str | None] = instance_ids if instance_ids is not None else [None] * len(member_ids)
+    clients = [Client(state, mid, instance_id=iid) for mid, iid in zip(member_ids, ids, strict=True)]
+    for c in clients:
+        c.join(joined_at)
+    if settled:
+        settle(clients, settled_at)
+    return state, clients
 
 
 def settle(clients: list[Client], now: datetime = T0, rounds: int = 20) -> None:

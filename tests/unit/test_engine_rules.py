@@ -14,7 +14,7 @@ from coordination.model import (
     RevokeState,
 )
 
-from .engine_helpers import Client, at, make_group, settle
+from .engine_helpers import Client, at, group_with, make_group, settle
 
 
 def test_r1_join_grants_free_target_shards_at_the_assignment_epoch():
@@ -52,10 +52,7 @@ def test_r1_join_with_owned_shards_is_fenced_and_changes_nothing():
 
 
 def test_r1_rejoin_releases_everything_the_member_held():
-    state = make_group(4)
-    a, b = Client(state, "a"), Client(state, "b")
-    a.join()
-    b.join()
+    state, (a, b) = group_with(["a", "b"], 4, settled=False)
     a.beat()  # a now revoking two shards
     revoking = state.revoking_from("a")
     assert revoking
@@ -81,11 +78,7 @@ def test_r1_rejoin_at_max_size_is_allowed():
 
 
 def test_r2_leave_releases_shards_and_is_idempotent():
-    state = make_group(4)
-    a, b = Client(state, "a"), Client(state, "b")
-    a.join()
-    b.join()
-    settle([a, b])
+    state, (a, b) = group_with(["a", "b"], 4)
     before = state.group_epoch
     r = a.send(member_epoch=-1)
     assert r.error_code == "NONE" and r.member_epoch == -1
@@ -98,9 +91,7 @@ def test_r2_leave_releases_shards_and_is_idempotent():
 
 
 def test_r3_wrong_epoch_is_fenced():
-    state = make_group(2)
-    a = Client(state, "a")
-    a.join()
+    state, (a,) = group_with(["a"], 2, settled=False)
     r = a.send(member_epoch=a.epoch + 5)
     assert r.error_code == "FENCED_MEMBER_EPOCH" and r.http_status == 409
     assert state.changes.empty
@@ -122,22 +113,14 @@ def test_r3_previous_epoch_accepted_when_owned_is_subset_of_holdings():
 
 
 def test_r3_previous_epoch_with_shards_not_held_is_fenced():
-    state = make_group(4)
-    a, b = Client(state, "a"), Client(state, "b")
-    a.join()
-    b.join()
-    settle([a, b])
+    state, (a, b) = group_with(["a", "b"], 4)
     prev = state.members["a"].previous_member_epoch
     r = a.send(member_epoch=prev, owned_shards=tuple(sorted(state.granted_to("b"))))
     assert r.error_code == "FENCED_MEMBER_EPOCH"
 
 
 def test_r4_owning_another_members_shard_is_fenced():
-    state = make_group(4)
-    a, b = Client(state, "a"), Client(state, "b")
-    a.join()
-    b.join()
-    settle([a, b])
+    state, (a, b) = group_with(["a", "b"], 4)
     theirs = sorted(state.granted_to("b"))[0]
     r = a.send(owned_shards=tuple(a.owned) + (theirs,))
     assert r.error_code == "FENCED_MEMBER_EPOCH" and "owned by another member" in r.error_message
@@ -154,37 +137,26 @@ def test_r4_owning_a_pending_shard_is_fenced():
 
 
 def test_r4_unknown_shard_is_fenced():
-    state = make_group(2)
-    a = Client(state, "a")
-    a.join()
+    state, (a,) = group_with(["a"], 2, settled=False)
     r = a.send(owned_shards=("orders:9:9",))
     assert r.error_code == "FENCED_MEMBER_EPOCH" and "not an assignable shard" in r.error_message
 
 
 def test_r4_granted_shard_missing_from_report_is_fine():
-    state = make_group(4)
-    a = Client(state, "a")
-    a.join()
+    state, (a,) = group_with(["a"], 4, settled=False)
     r = a.send(owned_shards=())
     assert r.error_code == "NONE" and len(r.assignment.assigned) == 4
 
 
 def test_r4_revoking_report_for_a_shard_of_another_member_is_fenced():
-    state = make_group(4)
-    a, b = Client(state, "a"), Client(state, "b")
-    a.join()
-    b.join()
-    settle([a, b])
+    state, (a, b) = group_with(["a", "b"], 4)
     theirs = sorted(state.granted_to("b"))[0]
     r = a.send(revoking_shards=(RevokeReport(theirs, RevokeState.REVOKING),))
     assert r.error_code == "FENCED_MEMBER_EPOCH"
 
 
 def test_r5_revoked_releases_and_duplicate_revoked_is_ignored():
-    state = make_group(4)
-    a, b = Client(state, "a"), Client(state, "b")
-    a.join()
-    b.join()
+    state, (a, b) = group_with(["a", "b"], 4, settled=False)
     r = a.beat()
     shard = r.assignment.revoking[0]
     report = (RevokeReport(shard, RevokeState.REVOKED),)
@@ -201,10 +173,7 @@ def test_r5_revoked_releases_and_duplicate_revoked_is_ignored():
 
 
 def test_r5_revoking_state_is_progress_only():
-    state = make_group(4)
-    a, b = Client(state, "a"), Client(state, "b")
-    a.join()
-    b.join()
+    state, (a, b) = group_with(["a", "b"], 4, settled=False)
     r = a.beat()
     shard = r.assignment.revoking[0]
     again = a.send(revoking_shards=(RevokeReport(shard, RevokeState.REVOKING),))
@@ -213,11 +182,8 @@ def test_r5_revoking_state_is_progress_only():
 
 
 def test_r6_no_grants_while_revoking():
-    state = make_group(6)
-    a, b, c = Client(state, "a"), Client(state, "b"), Client(state, "c")
-    a.join()
-    b.join()
-    settle([a, b])
+    state, (a, b) = group_with(["a", "b"], 6)
+    c = Client(state, "c")
     c.join()
     r = a.beat()
     assert r.status == "REVOKE_PENDING"
@@ -225,11 +191,7 @@ def test_r6_no_grants_while_revoking():
 
 
 def test_r6_reconcile_reaches_balanced_stable_group():
-    state = make_group(10)
-    clients = [Client(state, f"m{i}") for i in range(3)]
-    for c in clients:
-        c.join()
-    settle(clients)
+    state, clients = group_with(["m0", "m1", "m2"], 10)
     sizes = sorted(len(state.granted_to(c.member_id)) for c in clients)
     assert sizes == [3, 3, 4]
     assert all(m.status == MemberStatus.STABLE for m in state.live_members())
@@ -261,9 +223,7 @@ def test_r7_join_is_not_held_back_by_metadata():
 
 
 def test_r8_fenced_heartbeat_changes_nothing():
-    state = make_group(2)
-    a = Client(state, "a")
-    a.join()
+    state, (a,) = group_with(["a"], 2, settled=False)
     snapshot = (state.group_epoch, dataclasses.replace(state.members["a"]))
     r = a.send(member_epoch=99)
     assert r.error_code == "FENCED_MEMBER_EPOCH"
@@ -271,11 +231,7 @@ def test_r8_fenced_heartbeat_changes_nothing():
 
 
 def test_r8_operator_fence_removes_member_and_next_heartbeat_is_fenced():
-    state = make_group(4)
-    a, b = Client(state, "a"), Client(state, "b")
-    a.join()
-    b.join()
-    settle([a, b])
+    state, (a, b) = group_with(["a", "b"], 4)
     epoch = state.group_epoch
     removed = engine.r8_remove_members(
         state, ["a"], status=MemberStatus.FENCED, reason="operator", actor="admin"
@@ -293,10 +249,7 @@ def test_r8_unknown_member_gets_unknown_member_id():
 
 
 def test_r9_shard_never_granted_to_a_new_member_while_old_one_revokes():
-    state = make_group(4)
-    a, b = Client(state, "a"), Client(state, "b")
-    a.join()
-    b.join()
+    state, (a, b) = group_with(["a", "b"], 4, settled=False)
     a.beat()  # revoking, not yet REVOKED
     rb = b.beat()
     assert rb.assignment.assigned == ()
@@ -310,11 +263,7 @@ def test_epochs_never_zero_in_responses():
 
 
 def test_l1_silent_member_expires_and_gets_unknown_member_id():
-    state = make_group(4, session_timeout_ms=30_000)
-    a, b = Client(state, "a"), Client(state, "b")
-    a.join(at(0))
-    b.join(at(0))
-    settle([a, b], at(1))
+    state, (a, b) = group_with(["a", "b"], session_timeout_ms=30_000, joined_at=at(0), settled_at=at(1))
     b.beat(at(20))
     assert engine.l1_expire_silent_members(state, at(25)) == []
     assert engine.l1_expire_silent_members(state, at(31.5)) == ["a"]
@@ -324,10 +273,7 @@ def test_l1_silent_member_expires_and_gets_unknown_member_id():
 
 
 def test_l2_member_that_does_not_revoke_in_time_is_fenced():
-    state = make_group(4, rebalance_timeout_ms=60_000)
-    a, b = Client(state, "a"), Client(state, "b")
-    a.join(at(0))
-    b.join(at(0))
+    state, (a, b) = group_with(["a", "b"], rebalance_timeout_ms=60_000, joined_at=at(0), settled=False)
     a.send(at(1))
     a.send(at(2), member_epoch=a.epoch)  # still no REVOKED
     assert engine.l2_fence_overdue_revocations(state, at(60)) == []
@@ -350,9 +296,7 @@ def test_s6_child_not_assignable_until_all_parents_drained():
 
 
 def test_s6_drained_report_only_counts_for_sealed_shards_the_member_holds():
-    state = make_group(2)
-    a = Client(state, "a")
-    a.join()
+    state, (a,) = group_with(["a"], 2, settled=False)
     r = a.send(drained_shards=("orders:1:0",))
     assert r.error_code == "NONE" and not state.shards["orders:1:0"].drained  # not sealed
     state.shards["orders:1:0"].sealed = True
@@ -363,9 +307,7 @@ def test_s6_drained_report_only_counts_for_sealed_shards_the_member_holds():
 
 
 def test_s6_one_drained_event_per_group_and_version_when_its_last_shard_drains():
-    state = make_group(3)
-    a = Client(state, "a")
-    a.join()
+    state, (a,) = group_with(["a"], 3, settled=False)
     for slot in state.shards.values():
         slot.sealed = True
     a.send(drained_shards=("orders:1:0", "orders:1:1"))
@@ -396,12 +338,8 @@ def test_partial_snapshot_refuses_to_recompute_the_target():
 
 # --- §9 static membership: R1s, R2s, L1s -------------------------------------------------------
 def _static_group(members: int = 4, shards: int = 8, **config: int):
-    state = make_group(shards, **config)
-    clients = [Client(state, f"m{i}", instance_id=f"inst-{i}") for i in range(members)]
-    for c in clients:
-        c.join(at(0))
-    settle(clients, at(1))
-    return state, clients
+    return group_with([f"m{i}" for i in range(members)], shards, joined_at=at(0), settled_at=at(1),
+                      instance_ids=[f"inst-{i}" for i in range(members)], **config)
 
 
 def _targets(state) -> dict[str, str | None]:
@@ -422,9 +360,7 @@ def test_r2s_temporary_leave_keeps_shards_and_target_reserved_without_recompute(
 
 
 def test_r2s_without_instance_id_is_invalid_request_naming_member_epoch():
-    state = make_group(4)
-    a = Client(state, "a")
-    a.join()
+    state, (a,) = group_with(["a"], 4, settled=False)
     state.changes = type(state.changes)()
     r = a.send(member_epoch=-2)
     assert r.error_code == "INVALID_REQUEST" and r.http_status == 400
@@ -566,11 +502,8 @@ def test_r1s_a_replacement_never_changes_another_members_target(members, shards,
     """Any history of temporary leaves, rejoins, replacements, joins and leaves, then one more
     replacement: the new member's target is exactly the old one's, nobody else's changes,
     and no shard is held twice (R9)."""
-    state = make_group(shards)
-    clients = [Client(state, f"m{i}", instance_id=f"inst-{i}") for i in range(members)]
-    for cl in clients:
-        cl.join()
-    settle(clients)
+    state, clients = group_with([f"m{i}" for i in range(members)], shards,
+                                instance_ids=[f"inst-{i}" for i in range(members)])
     fresh = iter(range(1000))
     away: dict[str, set[str]] = {}  # temporarily left member -> its target when it left
     for op, i in ops:
