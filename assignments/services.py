@@ -18,10 +18,10 @@ from assignments.store import (
 )
 from coordination import engine
 from coordination.model import (
-    ErrorCode,
     HeartbeatRequest,
     HeartbeatResponse,
 )
+from dataplane.protocol import ErrorCode
 from groups.api_errors import error_body
 from groups.describe import describe_group  # noqa: F401 - the describe document lives there (§10)
 from groups.metadata import group_metadata

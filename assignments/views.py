@@ -21,7 +21,8 @@ from assignments.serializers import (
 )
 from coordination.wire import InvalidRequest, parse_heartbeat
 from coordinator_project.metrics import record_heartbeat
-from groups.api_errors import RATE_LIMITED, error_body
+from dataplane.protocol import JOIN_EPOCH, ErrorCode
+from groups.api_errors import error_body
 from groups.api_parsers import BoundedJSONParser
 from groups.auth import require_scope
 from groups.ratelimit import join_retry_after
@@ -36,11 +37,11 @@ def authorize_group(request: Request, group: str) -> Response | None:
         return None
     problem = url_name_problem("group", group)
     if problem is not None:
-        return Response(error_body("INVALID_REQUEST", problem), 400)
+        return Response(error_body(ErrorCode.INVALID_REQUEST, problem), 400)
     if not services.group_exists(group):
-        return Response(error_body("GROUP_ID_NOT_FOUND", f"group {group!r} does not exist"), 404)
+        return Response(error_body(ErrorCode.GROUP_ID_NOT_FOUND, f"group {group!r} does not exist"), 404)
     return Response(
-        error_body("AUTHORIZATION_FAILED", f"this API key does not grant access to group {group!r}"), 403
+        error_body(ErrorCode.AUTHORIZATION_FAILED, f"this API key does not grant access to group {group!r}"), 403
     )
 
 
@@ -85,16 +86,16 @@ class HeartbeatView(APIView):
         if refused is not None:
             return refused
         if not request.body.strip():
-            return Response(error_body("INVALID_REQUEST", "body: empty; a JSON object is required"), 400)
+            return Response(error_body(ErrorCode.INVALID_REQUEST, "body: empty; a JSON object is required"), 400)
         try:
             req = parse_heartbeat(request.data)
         except InvalidRequest as exc:
-            return Response(error_body("INVALID_REQUEST", str(exc)), 400)
-        if req.member_epoch == 0:  # joins are the expensive requests: refused before the group lock
+            return Response(error_body(ErrorCode.INVALID_REQUEST, str(exc)), 400)
+        if req.member_epoch == JOIN_EPOCH:  # joins are the expensive requests: refused before the group lock
             retry = join_retry_after(request.auth.key_id, request.META.get("REMOTE_ADDR", ""))
             if retry:
                 refused = Response(error_body(
-                    RATE_LIMITED, f"too many joins with this API key or from this address; retry in {retry} s",
+                    ErrorCode.RATE_LIMITED, f"too many joins with this API key or from this address; retry in {retry} s",
                     req.member_id), 429)
                 refused["Retry-After"] = str(retry)
                 return refused

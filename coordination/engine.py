@@ -15,18 +15,16 @@ from datetime import datetime
 from coordination.assignor import assign
 from coordination.model import (
     Assignment,
-    ErrorCode,
     GroupPhase,
     GroupState,
     HeartbeatRequest,
     HeartbeatResponse,
     Member,
     MemberStatus,
-    RevokeState,
-    Status,
     deadline,
-    shard_sort_key,
 )
+from dataplane.protocol import ErrorCode, RevokeState, Status
+from dataplane.routing import shard_sort_key
 
 
 @dataclass(frozen=True)
