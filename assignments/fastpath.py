@@ -38,7 +38,8 @@ from django.db import DatabaseError, connections
 from assignments import store
 from assignments.models import ShardAssignment
 from coordination import engine
-from coordination.model import HeartbeatRequest, HeartbeatResponse, MemberStatus, Status
+from coordination.model import HeartbeatRequest, HeartbeatResponse, MemberStatus
+from dataplane.protocol import Status
 from groups.models import Group, Shard, Stream
 from members.models import Member as MemberRow
 

@@ -21,8 +21,9 @@ from enum import StrEnum
 from assignments.selectors import read_group_state
 from coordination import engine
 from coordination.liveness import Liveness, liveness
-from coordination.model import GroupState, Member, ShardSlot, shard_sort_key
-from groups.models import Group
+from coordination.model import GroupState, Member, ShardSlot
+from dataplane.routing import shard_sort_key
+from groups.models import Group, StreamState
 from groups.selectors import group_shard_stats
 from groups.shardstats import GroupStats
 
@@ -186,9 +187,9 @@ class Matrix:
 
     def waits_for(self, stream_state: str) -> list[str]:
         """What the reshard waits for, in words (§6 steps)."""
-        if stream_state == "PREPARING":
+        if stream_state == StreamState.PREPARING:
             return ["the next sweep writes the seal markers of the old version (PREPARING → SEALING)"]
-        if stream_state == "SEALING":
+        if stream_state == StreamState.SEALING:
             return ["seal markers being written; then members drain the sealed version"]
         out = []
         for v in self.version_summaries:

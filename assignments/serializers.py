@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from coordination.model import MEMBER_ID_OPENAPI_PATTERN, RevokeState
 from coordination.wire import (
     MAX_CLIENT_ID_LENGTH,
     MAX_EPOCH,
@@ -11,6 +10,17 @@ from coordination.wire import (
     MAX_SHARDS_PER_LIST,
     REBALANCE_TIMEOUT_MS_RANGE,
 )
+from dataplane.protocol import (
+    MEMBER_ID_OPENAPI_PATTERN,
+    MEMBER_ID_RULE,
+    TEMPORARY_LEAVE_EPOCH,
+    ErrorCode,
+    RevokeState,
+    Status,
+)
+
+# Every errorCode a coordinator sends in an error body (INVALID_RESPONSE is the member's own).
+ERROR_CODES_SENT = tuple(c for c in ErrorCode if c not in (ErrorCode.NONE, ErrorCode.INVALID_RESPONSE))
 
 
 class RevokingShardSerializer(serializers.Serializer):
@@ -22,9 +32,9 @@ class HeartbeatRequestSerializer(serializers.Serializer):
     """OpenAPI description of the request; validation is coordination.wire.parse_heartbeat."""
 
     memberId = serializers.RegexField(MEMBER_ID_OPENAPI_PATTERN, max_length=64,
-                                      help_text="1-64 chars of [A-Za-z0-9._:-], kept for the life of the process")
+                                      help_text=f"{MEMBER_ID_RULE}, kept for the life of the process")
     memberEpoch = serializers.IntegerField(
-        min_value=-2, max_value=MAX_EPOCH,
+        min_value=TEMPORARY_LEAVE_EPOCH, max_value=MAX_EPOCH,
         help_text="0 joins/rejoins, -1 leaves, -2 leaves temporarily (members with an instanceId), >0 regular")
     instanceId = serializers.RegexField(
         MEMBER_ID_OPENAPI_PATTERN, max_length=64, required=False, allow_null=True,
@@ -56,16 +66,12 @@ class AssignmentSerializer(serializers.Serializer):
 
 
 class HeartbeatResponseSerializer(serializers.Serializer):
-    """Documentation of an accepted heartbeat's response (200); every field is always present.
+    """Documentation of an accepted heartbeat's response (200); every field is always present
+    (`dataplane.protocol.RESPONSE_FIELDS`). Errors (4xx/5xx) are `ErrorBodySerializer`."""
 
-    Errors (4xx) are `groups.api_errors.ErrorBodySerializer`: errorCode (INVALID_REQUEST,
-    GROUP_ID_NOT_FOUND, UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH, GROUP_MAX_SIZE_REACHED,
-    AUTHENTICATION_FAILED, AUTHORIZATION_FAILED, RATE_LIMITED), errorMessage, memberId.
-    """
-
-    errorCode = serializers.ChoiceField(choices=["NONE"])
+    errorCode = serializers.ChoiceField(choices=[ErrorCode.NONE.value])
     errorMessage = serializers.CharField(allow_null=True)
-    status = serializers.ChoiceField(choices=["OK", "SYNC_METADATA", "REVOKE_PENDING"])
+    status = serializers.ChoiceField(choices=[s.value for s in Status])
     memberId = serializers.CharField()
     memberEpoch = serializers.IntegerField()
     assignmentEpoch = serializers.IntegerField()
@@ -79,6 +85,6 @@ class HeartbeatResponseSerializer(serializers.Serializer):
 class ErrorBodySerializer(serializers.Serializer):
     """OpenAPI description of every error body (4xx/5xx, groups.api_errors.error_body)."""
 
-    errorCode = serializers.CharField()
+    errorCode = serializers.ChoiceField(choices=[c.value for c in ERROR_CODES_SENT])
     errorMessage = serializers.CharField()
     memberId = serializers.CharField(required=False, help_text="present where the request named one")

@@ -18,10 +18,10 @@ from assignments.store import (
 )
 from coordination import engine
 from coordination.model import (
-    ErrorCode,
     HeartbeatRequest,
     HeartbeatResponse,
 )
+from dataplane.protocol import JOIN_EPOCH, ErrorCode
 from groups.api_errors import error_body
 from groups.metadata import group_metadata
 
@@ -39,7 +39,7 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> Heartbea
         if steady is not None:
             return HeartbeatResult(steady.response, {"metadataEpoch": steady.metadata_epoch}, "fast")
     fastpath.flush_stamps()  # the locked pass below reads this process's latest stamps
-    if req.member_epoch == 0:
+    if req.member_epoch == JOIN_EPOCH:
         refused = _refused_join(group_name, req)
         if refused is not None:
             return HeartbeatResult(refused, None)  # decided without the lock or a snapshot

@@ -21,8 +21,9 @@ from assignments.serializers import (
 )
 from coordination.wire import InvalidRequest, parse_heartbeat
 from coordinator_project.metrics import record_heartbeat
+from dataplane.protocol import JOIN_EPOCH, ErrorCode
 from groups.access import authorize_group
-from groups.api_errors import RATE_LIMITED, error_body
+from groups.api_errors import error_body
 from groups.api_parsers import BoundedJSONParser
 from groups.ratelimit import join_retry_after
 
@@ -68,16 +69,16 @@ class HeartbeatView(APIView):
         if refused is not None:
             return refused
         if not request.body.strip():
-            return Response(error_body("INVALID_REQUEST", "body: empty; a JSON object is required"), 400)
+            return Response(error_body(ErrorCode.INVALID_REQUEST, "body: empty; a JSON object is required"), 400)
         try:
             req = parse_heartbeat(request.data)
         except InvalidRequest as exc:
-            return Response(error_body("INVALID_REQUEST", str(exc)), 400)
-        if req.member_epoch == 0:  # joins are the expensive requests: refused before the group lock
+            return Response(error_body(ErrorCode.INVALID_REQUEST, str(exc)), 400)
+        if req.member_epoch == JOIN_EPOCH:  # joins are the expensive requests: refused before the group lock
             retry = join_retry_after(request.auth.key_id, request.META.get("REMOTE_ADDR", ""))
             if retry:
                 refused = Response(error_body(
-                    RATE_LIMITED, f"too many joins with this API key or from this address; retry in {retry} s",
+                    ErrorCode.RATE_LIMITED, f"too many joins with this API key or from this address; retry in {retry} s",
                     req.member_id), 429)
                 refused["Retry-After"] = str(retry)
                 return refused

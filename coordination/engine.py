@@ -15,18 +15,23 @@ from datetime import datetime
 from coordination.assignor import assign
 from coordination.model import (
     Assignment,
-    ErrorCode,
     GroupPhase,
     GroupState,
     HeartbeatRequest,
     HeartbeatResponse,
     Member,
     MemberStatus,
+    deadline,
+)
+from dataplane.protocol import (
+    JOIN_EPOCH,
+    LEAVE_EPOCH,
+    TEMPORARY_LEAVE_EPOCH,
+    ErrorCode,
     RevokeState,
     Status,
-    deadline,
-    shard_sort_key,
 )
+from dataplane.routing import shard_sort_key
 
 
 @dataclass(frozen=True)
@@ -46,11 +51,11 @@ def _error(code: ErrorCode, message: str, member_id: str | None) -> HeartbeatRes
 # --- entry point ---------------------------------------------------------------------------
 def heartbeat(state: GroupState, req: HeartbeatRequest, now: datetime) -> HeartbeatResponse:
     """Apply one heartbeat to the group (the caller holds the group's lock)."""
-    if req.member_epoch == -1:
+    if req.member_epoch == LEAVE_EPOCH:
         return r2_leave(state, req, now)
-    if req.member_epoch == -2:
+    if req.member_epoch == TEMPORARY_LEAVE_EPOCH:
         return r2s_leave_temporarily(state, req, now)
-    if req.member_epoch == 0:
+    if req.member_epoch == JOIN_EPOCH:
         if req.instance_id is not None and state.holder_of_instance(req.instance_id) is not None:
             return r1s_replace_static_member(state, req, now)
         return r1_join(state, req, now)

@@ -2,40 +2,17 @@
 
 `GroupState` is one group's snapshot as the shell loaded it (under the group's lock). The
 engine mutates it only through the methods below, which keep the per-member indexes right
-and record what changed in `Changes`, so the shell persists exactly the dirty rows.
+and record what changed in `Changes`, so the shell persists exactly the dirty rows. The
+protocol's words (errorCode, status, revocation states) come from `dataplane.protocol`, the one
+home both sides share; member states and group phases are the coordinator's own.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-
-class ErrorCode(StrEnum):
-    NONE = "NONE"
-    INVALID_REQUEST = "INVALID_REQUEST"
-    GROUP_ID_NOT_FOUND = "GROUP_ID_NOT_FOUND"
-    UNKNOWN_MEMBER_ID = "UNKNOWN_MEMBER_ID"
-    FENCED_MEMBER_EPOCH = "FENCED_MEMBER_EPOCH"
-    GROUP_MAX_SIZE_REACHED = "GROUP_MAX_SIZE_REACHED"
-
-
-# PROTOCOL.md §3 status table.
-HTTP_STATUS: dict[ErrorCode, int] = {
-    ErrorCode.NONE: 200,
-    ErrorCode.INVALID_REQUEST: 400,
-    ErrorCode.GROUP_ID_NOT_FOUND: 404,
-    ErrorCode.UNKNOWN_MEMBER_ID: 409,
-    ErrorCode.FENCED_MEMBER_EPOCH: 409,
-    ErrorCode.GROUP_MAX_SIZE_REACHED: 409,
-}
-
-
-class Status(StrEnum):
-    OK = "OK"
-    SYNC_METADATA = "SYNC_METADATA"
-    REVOKE_PENDING = "REVOKE_PENDING"
+from dataplane.protocol import HTTP_STATUS, ErrorCode, RevokeState, Status
 
 
 class MemberStatus(StrEnum):
@@ -60,11 +37,6 @@ LIVE_STATUSES = frozenset({
 ACTIVE_STATUSES = LIVE_STATUSES - {MemberStatus.TEMPORARILY_LEFT}
 
 
-class RevokeState(StrEnum):
-    REVOKING = "REVOKING"
-    REVOKED = "REVOKED"
-
-
 class GroupPhase(StrEnum):
     EMPTY = "EMPTY"
     ASSIGNING = "ASSIGNING"
@@ -72,17 +44,13 @@ class GroupPhase(StrEnum):
     STABLE = "STABLE"
 
 
-# Names are checked with full matches (fullmatch and \Z): a pattern ending in `$` also
-# accepts a trailing newline ("m1\n"). The ECMA form is for OpenAPI, whose `pattern` is a search.
-MEMBER_ID_PATTERN = "[A-Za-z0-9._:-]{1,64}"
-MEMBER_ID_RE = re.compile(rf"\A{MEMBER_ID_PATTERN}\Z")
-MEMBER_ID_OPENAPI_PATTERN = f"^{MEMBER_ID_PATTERN}$"
+class ShardState(StrEnum):
+    """One word per live shard of a group, as describe and `rsc_group_shards` show it."""
 
-
-def shard_sort_key(shard_id: str) -> tuple[str, int, int]:
-    """Natural order: orders:3:10 after orders:3:9."""
-    stream, version, index = shard_id.rsplit(":", 2)
-    return (stream, int(version), int(index))
+    GRANTED = "granted"
+    REVOKING = "revoking"
+    UNOWNED = "unowned"
+    DRAINED = "drained"
 
 
 @dataclass(frozen=True)

@@ -3,24 +3,26 @@
 Strict on types (no "5" for 5, no true for 1) and bounds; every problem is reported with the
 field's path, e.g. "revokingShards[0].state: must be one of REVOKING, REVOKED". Pure and
 cheap: it runs on every heartbeat. `assignments.serializers` describes the same shape for
-OpenAPI; a test keeps the two in step.
+OpenAPI; a test keeps both in step with `dataplane.protocol.REQUEST_FIELDS`.
 """
 from __future__ import annotations
 
 import re
 from typing import Any
 
-from coordination.model import MEMBER_ID_RE, HeartbeatRequest, RevokeReport, RevokeState
+from coordination.model import HeartbeatRequest, RevokeReport
+from dataplane.protocol import (
+    MEMBER_ID_RE,
+    MEMBER_ID_RULE,
+    TEMPORARY_LEAVE_EPOCH,
+    RevokeState,
+)
 
 MAX_EPOCH = 2**31 - 1
 MAX_SHARDS_PER_LIST = 10_000
 MAX_SHARD_ID_LENGTH = 240
 MAX_CLIENT_ID_LENGTH = 200
 REBALANCE_TIMEOUT_MS_RANGE = (100, 24 * 3600 * 1000)
-FIELDS = frozenset({
-    "memberId", "memberEpoch", "clientId", "rebalanceTimeoutMs", "metadataEpoch",
-    "ownedShards", "revokingShards", "drainedShards", "instanceId",
-})
 _REVOKE_STATES = {s.value: s for s in RevokeState}
 # Control characters (NUL above all: PostgreSQL refuses it in text, a newline forges log
 # lines) and lone surrogates (not encodable as UTF-8) never get past validation.
@@ -115,14 +117,14 @@ def parse_heartbeat(data: Any) -> HeartbeatRequest:
     if data.get("memberId") is None:
         c.fail("memberId", "required")
     elif member_id is not None and not MEMBER_ID_RE.fullmatch(member_id):
-        c.fail("memberId", "must be 1-64 characters of [A-Za-z0-9._:-]")
+        c.fail("memberId", f"must be {MEMBER_ID_RULE}")
     # §9: same charset and length as memberId.
     instance_id = c.string("instanceId", 64)
     if instance_id is not None and not MEMBER_ID_RE.fullmatch(instance_id):
-        c.fail("instanceId", "must be 1-64 characters of [A-Za-z0-9._:-]")
+        c.fail("instanceId", f"must be {MEMBER_ID_RULE}")
         instance_id = None
     # -2: temporary leave (§9); whether the member may use it is the core's decision (R2s).
-    member_epoch = c.integer("memberEpoch", -2, MAX_EPOCH, required=True)
+    member_epoch = c.integer("memberEpoch", TEMPORARY_LEAVE_EPOCH, MAX_EPOCH, required=True)
     client_id = c.string("clientId", MAX_CLIENT_ID_LENGTH)
     rebalance_timeout_ms = c.integer("rebalanceTimeoutMs", *REBALANCE_TIMEOUT_MS_RANGE)
     metadata_epoch = c.integer("metadataEpoch", 0, MAX_EPOCH)
@@ -138,7 +140,7 @@ def parse_heartbeat(data: Any) -> HeartbeatRequest:
         raw_state = entry.get("state")
         state = _REVOKE_STATES.get(raw_state) if isinstance(raw_state, str) else None
         if state is None:
-            c.fail(f"{path}.state", "must be one of REVOKING, REVOKED")
+            c.fail(f"{path}.state", f"must be one of {', '.join(_REVOKE_STATES)}")
         if shard is not None and state is not None:
             revoking.append(RevokeReport(shard, state))
     if c.problems:

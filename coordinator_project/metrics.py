@@ -41,7 +41,8 @@ from prometheus_client.registry import Collector
 
 from assignments import selectors as assignment_selectors
 from coordination.liveness import LATE_AFTER_INTERVALS, Liveness
-from coordination.model import MemberStatus
+from coordination.model import MemberStatus, ShardState
+from dataplane.protocol import ErrorCode
 from groups import selectors as group_selectors
 from groups import shardstats
 from groups.models import Group, StreamState, VersionState
@@ -65,17 +66,17 @@ HEARTBEAT_LATENCY = Histogram(
 
 
 # Refusals an unauthenticated or misbehaving client can repeat at will: one line per 10 s each.
-_THROTTLED_CODES = frozenset({"AUTHENTICATION_FAILED", "RATE_LIMITED"})
+_THROTTLED_CODES = frozenset({ErrorCode.AUTHENTICATION_FAILED, ErrorCode.RATE_LIMITED})
 REFUSAL_LOG_THROTTLE = LogThrottle(every=10.0)
 
 
 def record_heartbeat(group: str, data: Any, body: Any, seconds: float, path: str = "") -> None:
     """Count one answered heartbeat; log it when refused. Cheap: no I/O besides the log line."""
     body = body if isinstance(body, dict) else {}
-    code = str(body.get("errorCode") or "NONE")
+    code = str(body.get("errorCode") or ErrorCode.NONE)
     HEARTBEATS.labels(code, str(body.get("status") or ""), path).inc()
     HEARTBEAT_LATENCY.observe(seconds)
-    if code != "NONE":
+    if code != ErrorCode.NONE:
         held = 0
         if code in _THROTTLED_CODES:  # a flood of bad keys or joins must not flood the log
             held = REFUSAL_LOG_THROTTLE.allow(code)
@@ -95,7 +96,7 @@ def record_heartbeat(group: str, data: Any, body: Any, seconds: float, path: str
 
 
 # --- state read at scrape time --------------------------------------------------------------
-_SHARD_STATES = ("granted", "revoking", "unowned", "drained")
+_SHARD_STATES = tuple(s.value for s in ShardState)
 
 
 class StateCollector(Collector):

@@ -13,18 +13,17 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from dataplane.protocol import ErrorCode
 from groups.api_errors import error_body
 
 log = logging.getLogger(__name__)
-
-COORDINATOR_UNAVAILABLE = "COORDINATOR_UNAVAILABLE"
 
 
 def unavailable_response(exc: BaseException) -> JsonResponse:
     # The class name only: the driver's message can name hosts and users.
     log.warning("database unavailable, answering 503: %s: %s", exc.__class__.__name__, exc)
     response = JsonResponse(
-        error_body(COORDINATOR_UNAVAILABLE, f"the coordinator's database is unavailable "
+        error_body(ErrorCode.COORDINATOR_UNAVAILABLE, f"the coordinator's database is unavailable "
                    f"({exc.__class__.__name__}); retry later"),
         status=503,
     )

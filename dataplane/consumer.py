@@ -20,12 +20,12 @@ from typing import Any
 from .errors import heartbeat_refusal
 from .membership import Actions, Membership
 from .message import Message
+from .protocol import MEMBER_ID_RE, MEMBER_ID_RULE
 from .runtime import Handler, Runtime, RuntimeConfig
 from .transport import CoordinatorUnavailable, Transport
 
 log = logging.getLogger(__name__)
 
-_MEMBER_ID_OK = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
 def default_member_id() -> str:
@@ -64,11 +64,11 @@ class Consumer:
         instance_id: str | None = None,
     ) -> None:
         self.member_id = member_id or default_member_id()
-        if not _MEMBER_ID_OK.fullmatch(self.member_id):
-            raise ValueError("member_id must be 1-64 characters of [A-Za-z0-9._:-]")
+        if not MEMBER_ID_RE.fullmatch(self.member_id):
+            raise ValueError(f"member_id must be {MEMBER_ID_RULE}")
         # Static membership (§9): a restart with the same instance id gets the same shards back.
-        if instance_id is not None and not _MEMBER_ID_OK.fullmatch(instance_id):
-            raise ValueError("instance_id must be 1-64 characters of [A-Za-z0-9._:-]")
+        if instance_id is not None and not MEMBER_ID_RE.fullmatch(instance_id):
+            raise ValueError(f"instance_id must be {MEMBER_ID_RULE}")
         self.group = group
         self.transport = transport or Transport(coordinator_url, api_key)
         self.machine = Membership(

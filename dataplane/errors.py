@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .protocol import ErrorCode
+
 
 class DataplaneError(Exception):
     """Base of the data plane's own errors."""
@@ -41,7 +43,7 @@ def heartbeat_refusal(
     detail = f"HTTP {http_status} {code}: {body.get('errorMessage')}"
     if http_status in (401, 403):
         return AuthenticationError(f"the coordinator refused the key of group {group!r}: {detail}")
-    if http_status == 404 and code == "GROUP_ID_NOT_FOUND":
+    if http_status == 404 and code == ErrorCode.GROUP_ID_NOT_FOUND:
         return GroupNotFoundError(f"the coordinator has no group {group!r}: {detail}")
     return None
 

@@ -1,6 +1,7 @@
-"""The heartbeat's words and documents for the membership machine (PROTOCOL.md §3, §4):
-the request body it sends, the metadata it keeps, the grants it derives from metadata (a
-shard's Redis keys and start position) and the actions of one step for the runtime. Pure."""
+"""The heartbeat's documents for the membership machine (PROTOCOL.md §3, §4): the request
+body it sends, the metadata it keeps, the grants it derives from metadata (a shard's Redis keys
+and start position) and the actions of one step for the runtime. Pure. The words themselves
+(field names, codes, states, epochs) are in ``protocol``."""
 
 from __future__ import annotations
 
@@ -9,20 +10,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .protocol import JOIN_EPOCH, RevokeState
 from .routing import DEFAULT_KEY_PREFIX, ShardKeys
 
 log = logging.getLogger(__name__)
-
-OK = "OK"
-SYNC_METADATA = "SYNC_METADATA"
-REVOKE_PENDING = "REVOKE_PENDING"
-REVOKING = "REVOKING"
-REVOKED = "REVOKED"
-FENCING_ERRORS = frozenset({"UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH"})
-
-JOIN_EPOCH = 0
-LEAVE_EPOCH = -1
-TEMPORARY_LEAVE_EPOCH = -2  # static members (§9): shards stay reserved for the instance id
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +90,7 @@ def heartbeat_request(
     epoch: int,
     metadata_epoch: int,
     owned: Iterable[str],
-    revoking: dict[str, str],
+    revoking: dict[str, RevokeState],
     drained: Iterable[str],
     *,
     client_id: str | None = None,

@@ -14,26 +14,27 @@ import logging
 from typing import Any
 
 from .backoff import Backoff
-from .heartbeat import (
+from .heartbeat import Actions, Grant, heartbeat_request, held_metadata
+from .protocol import (
     FENCING_ERRORS,
     JOIN_EPOCH,
     LEAVE_EPOCH,
-    OK,
-    REVOKED,
-    REVOKING,
     TEMPORARY_LEAVE_EPOCH,
-    Actions,
-    Grant,
-    grant_from_metadata,
-    heartbeat_request,
-    held_metadata,
-    shard_name,
+    ErrorCode,
+    RevokeState,
+    Status,
+)
+from .reconcile import (
+    answer_assignment,
+    c1_stop_missing,
+    c2_c3_take_new,
+    r5_forget_processed_revoked,
+    revoked_never_held,
 )
 
 __all__ = ["Actions", "Grant", "Membership"]
 
 log = logging.getLogger(__name__)
-
 
 
 class Membership:
@@ -62,7 +63,7 @@ class Membership:
         self.metadata: dict[str, Any] | None = None
         self.metadata_epoch = 0
         self.owned: dict[str, Grant] = {}
-        self.revoking: dict[str, str] = {}  # shard -> REVOKING | REVOKED (until accepted)
+        self.revoking: dict[str, RevokeState] = {}  # until an answer accepted REVOKED
         self.drained: set[str] = set()
         self.leaving = False
         self.left = False
@@ -85,7 +86,7 @@ class Membership:
 
     @property
     def revoking_in_progress(self) -> list[str]:
-        return sorted(s for s, st in self.revoking.items() if st == REVOKING)
+        return sorted(s for s, st in self.revoking.items() if st == RevokeState.REVOKING)
 
     @property
     def in_flight(self) -> bool:
@@ -150,9 +151,9 @@ class Membership:
         if req["memberEpoch"] < JOIN_EPOCH:  # -1, or -2 for a static member
             self.left = True  # whatever the answer: we are gone, and R2 makes it idempotent
             return Actions(left=True)
-        code = body.get("errorCode") or "NONE"
-        self.last_error = None if code == "NONE" else code
-        if http_status == 200 and code == "NONE":
+        code = body.get("errorCode") or ErrorCode.NONE
+        self.last_error = None if code == ErrorCode.NONE else code
+        if http_status == 200 and code == ErrorCode.NONE:
             return self._accept(now_ms, req, body)
         if code in FENCING_ERRORS:
             return self._fence(now_ms, f"{code}: {body.get('errorMessage')}")
@@ -179,7 +180,7 @@ class Membership:
         self._fences = 0
         self._last_accepted_ms = now_ms
         self.member_epoch = epoch
-        status = body.get("status") or OK
+        status = body.get("status") or Status.OK
         self.last_status = status
         interval = body.get("heartbeatIntervalMs")
         if isinstance(interval, int) and interval > 0:
@@ -189,59 +190,18 @@ class Membership:
         self.heartbeat_interval_ms = held.heartbeat_interval_ms or self.heartbeat_interval_ms
         self.session_timeout_ms = held.session_timeout_ms or self.session_timeout_ms
 
-        assignment = body.get("assignment") or {}
-        assigned = set(assignment.get("assignedShards") or [])
-        coord_revoking = {shard_name(e) for e in assignment.get("revokingShards") or []}
+        assigned, coord_revoking = answer_assignment(body)
         actions = Actions()
-        self._c1_stop_missing(assigned, actions)
-        self._revoked_never_held(coord_revoking)
-        self._r5_forget_processed_revoked(req, coord_revoking)
-        if status == OK and not self.leaving:
-            self._c2_c3_take_new(assigned, epoch, actions)
+        c1_stop_missing(self.owned, self.revoking, assigned, actions)
+        if revoked_never_held(self.owned, self.revoking, coord_revoking):
+            self._urgent = True
+        r5_forget_processed_revoked(self.revoking, req.get("revokingShards") or [], coord_revoking)
+        if status == Status.OK and not self.leaving:
+            c2_c3_take_new(self.owned, self.revoking, assigned, actions, metadata=self.metadata,
+                           epoch=epoch, member_id=self.member_id)  # fmt: skip
         self.drained &= set(self.owned) | set(self.revoking)
         self._next_due_ms = now_ms + self.heartbeat_interval_ms
         return actions
-
-    def _c1_stop_missing(self, assigned: set[str], actions: Actions) -> None:
-        """C1: an owned shard missing from assignedShards stops; REVOKED once in-flight is 0."""
-        for shard in sorted(self.owned):
-            if shard not in assigned:
-                del self.owned[shard]
-                self.revoking[shard] = REVOKING
-                actions.revoke.append(shard)
-                log.info("shard %s revoked: no new reads, finishing what is in flight", shard)
-
-    def _revoked_never_held(self, coord_revoking: set[str]) -> None:
-        """A shard the coordinator is revoking from us that we never held (its grant was in a
-        lost answer): nothing to drain, so it is REVOKED at once instead of timing out."""
-        for shard in sorted(coord_revoking):
-            if shard not in self.owned and shard not in self.revoking:
-                self.revoking[shard] = REVOKED
-                self._urgent = True
-
-    def _r5_forget_processed_revoked(self, req: dict[str, Any], coord_revoking: set[str]) -> None:
-        """R5: the REVOKED entries this request carried are processed: stop reporting them."""
-        for entry in req.get("revokingShards") or []:
-            shard = entry["shard"]
-            if (
-                entry["state"] == REVOKED
-                and self.revoking.get(shard) == REVOKED
-                and shard not in coord_revoking
-            ):
-                del self.revoking[shard]
-
-    def _c2_c3_take_new(self, assigned: set[str], epoch: int, actions: Actions) -> None:
-        """C2/C3: new shards only from OK (the caller checks; SYNC_METADATA and REVOKE_PENDING
-        are drain-only), at the grant epoch of this answer."""
-        for shard in sorted(assigned):
-            if shard in self.owned:
-                continue
-            # Granted again while we were still revoking it: the coordinator resolved the
-            # revocation, so the pending report is moot and the shard is ours again.
-            self.revoking.pop(shard, None)
-            grant = grant_from_metadata(self.metadata, shard, epoch, self.member_id)
-            self.owned[shard] = grant
-            actions.grant.append(grant)
 
     # ---- fencing, timers -----------------------------------------------------------------
 
@@ -300,8 +260,8 @@ class Membership:
 
     def revocation_finished(self, shard: str) -> None:
         """The runtime's in-flight count of a revoking shard reached 0 (C1)."""
-        if self.revoking.get(shard) == REVOKING:
-            self.revoking[shard] = REVOKED
+        if self.revoking.get(shard) == RevokeState.REVOKING:
+            self.revoking[shard] = RevokeState.REVOKED
             self._urgent = True  # report it now: the shard's next owner is waiting
 
     def shard_drained(self, shard: str) -> None:
@@ -316,7 +276,7 @@ class Membership:
         self.leaving = True
         actions = Actions()
         for shard in sorted(self.owned):
-            self.revoking[shard] = REVOKING
+            self.revoking[shard] = RevokeState.REVOKING
             actions.revoke.append(shard)
         self.owned.clear()
         return actions
@@ -325,5 +285,5 @@ class Membership:
         """Leave now even though some shards are still in flight (shutdown deadline)."""
         self.leaving = True
         for shard, state in list(self.revoking.items()):
-            if state == REVOKING:
-                self.revoking[shard] = REVOKED
+            if state == RevokeState.REVOKING:
+                self.revoking[shard] = RevokeState.REVOKED

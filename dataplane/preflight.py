@@ -16,6 +16,8 @@ import httpx
 import redis
 from redis.exceptions import RedisClusterException
 
+from .protocol import answer_body
+
 EXIT_CONFIG = 2  # refused or misconfigured: retrying will not help (401/403/404, bad arguments)
 EXIT_UNREACHABLE = 3  # the coordinator or Redis cannot be reached: retrying later may help
 
@@ -80,11 +82,10 @@ def coordinator_get(url: str, api_key: str | None, path: str, what: str) -> dict
             EXIT_UNREACHABLE,
         ) from exc
     try:
-        body = resp.json()
+        decoded = resp.json()
     except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        body = {"errorCode": "INVALID_RESPONSE", "errorMessage": resp.text[:200]}
+        decoded = None
+    body = answer_body(decoded, resp.text)
     if resp.status_code >= 500:
         raise PreflightError(
             f"the coordinator at {redact(url)} answered HTTP {resp.status_code} for {what}",

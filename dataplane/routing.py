@@ -1,7 +1,9 @@
-"""Stable key hashing, shard math and Redis key names (PROTOCOL.md §2).
+"""Stable key hashing, shard math, reshard parent links and Redis key names (PROTOCOL.md §2).
 
-Dependency-free on purpose: the coordinator imports ``hash64`` and ``shard_index`` from here,
-and a producer in another language must be able to re-implement this file from its docstrings.
+The one home of these for both sides: the coordinator imports them from here (its metadata
+documents, resharding and housekeeping), producers route with them. Dependency-free on
+purpose: a producer in another language must be able to re-implement this file from its
+docstrings. The protocol's other words are in ``protocol``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,13 @@ def shard_for_key(key: str, shard_count: int) -> int:
     return shard_index(hash64(key), shard_count)
 
 
+def parent_indexes(index: int, new_count: int, old_count: int) -> list[int]:
+    """The parents of shard ``index`` of a new version of ``new_count`` shards: the indexes of
+    the old version's ``old_count`` shards whose hash ranges overlap its range."""
+    lo, hi = hash_range(index, new_count)
+    return list(range(shard_index(lo, old_count), shard_index(hi - 1, old_count) + 1))
+
+
 def shard_id(stream: str, version: int, index: int) -> str:
     return f"{stream}:{version}:{index}"
 
@@ -52,6 +61,10 @@ def parse_shard_id(value: str) -> tuple[str, int, int]:
     """Split ``"<stream>:<version>:<index>"``; the stream name itself may contain colons."""
     stream, version, index = value.rsplit(":", 2)
     return stream, int(version), int(index)
+
+
+# As a sort key, the parsed id gives the natural order: orders:3:10 after orders:3:9.
+shard_sort_key = parse_shard_id
 
 
 @dataclass(frozen=True, slots=True)

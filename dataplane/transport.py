@@ -9,6 +9,7 @@ from urllib.parse import quote
 import httpx
 
 from .backoff import Backoff, retry_call
+from .protocol import answer_body
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +88,10 @@ class Transport:
         except retry_on as exc:
             raise CoordinatorUnavailable(f"{method} {path}: {exc!r}") from exc
         try:
-            body = resp.json()
+            decoded = resp.json()
         except ValueError:
-            body = {"errorCode": "INVALID_RESPONSE", "errorMessage": resp.text[:200]}
-        if not isinstance(body, dict):
-            body = {"errorCode": "INVALID_RESPONSE", "errorMessage": repr(body)[:200]}
-        return resp.status_code, body
+            decoded = None
+        return resp.status_code, answer_body(decoded, resp.text)
 
     def heartbeat(self, group: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """POST a heartbeat; returns (HTTP status, JSON body) for any 2xx/4xx answer."""

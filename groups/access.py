@@ -9,6 +9,7 @@ from __future__ import annotations
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from dataplane.protocol import ErrorCode
 from groups.api_errors import error_body
 from groups.auth import require_scope
 from groups.selectors import group_exists
@@ -23,9 +24,9 @@ def authorize_group(request: Request, group: str) -> Response | None:
         return None
     problem = url_name_problem("group", group)
     if problem is not None:
-        return Response(error_body("INVALID_REQUEST", problem), 400)
+        return Response(error_body(ErrorCode.INVALID_REQUEST, problem), 400)
     if not group_exists(group):
-        return Response(error_body("GROUP_ID_NOT_FOUND", f"group {group!r} does not exist"), 404)
+        return Response(error_body(ErrorCode.GROUP_ID_NOT_FOUND, f"group {group!r} does not exist"), 404)
     return Response(
-        error_body("AUTHORIZATION_FAILED", f"this API key does not grant access to group {group!r}"), 403
+        error_body(ErrorCode.AUTHORIZATION_FAILED, f"this API key does not grant access to group {group!r}"), 403
     )

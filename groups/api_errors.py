@@ -11,19 +11,16 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from dataplane.protocol import ErrorCode
 from groups.api_parsers import PayloadTooLarge, payload_too_large
 from groups.ratelimit import LogThrottle
 
 log = logging.getLogger(__name__)
 
-AUTHENTICATION_FAILED = "AUTHENTICATION_FAILED"
-AUTHORIZATION_FAILED = "AUTHORIZATION_FAILED"
-RATE_LIMITED = "RATE_LIMITED"  # 429 with Retry-After
 
-
-def error_body(code: str, message: str, member_id: str | None = None) -> dict[str, Any]:
+def error_body(code: ErrorCode, message: str, member_id: str | None = None) -> dict[str, Any]:
     """§3: an error carries errorCode, errorMessage and, where known, memberId; nothing else."""
-    body: dict[str, Any] = {"errorCode": code, "errorMessage": message}
+    body: dict[str, Any] = {"errorCode": ErrorCode(code).value, "errorMessage": message}
     if member_id is not None:
         body["memberId"] = member_id
     return body
@@ -58,7 +55,7 @@ def _log_refusal_once(response: Response, context: dict[str, Any]) -> None:
     response._has_been_logged = True  # type: ignore[attr-defined]  # no django.request line per request
     if getattr(context.get("view"), "logs_refusals", False):
         return  # the heartbeat view logs its refusals itself (metrics.record_heartbeat)
-    held = _auth_refusals.allow(AUTHENTICATION_FAILED)
+    held = _auth_refusals.allow(ErrorCode.AUTHENTICATION_FAILED)
     if held is not None:
         request = context.get("request")
         log.warning("API request refused: 401 %s %s%s", getattr(request, "method", "?"),
@@ -70,29 +67,29 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, RequestDataTooBig):  # Django's own check, from request.body
         exc = payload_too_large(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
     if isinstance(exc, PayloadTooLarge):
-        return Response(error_body("INVALID_REQUEST", str(exc.detail)), 413)
+        return Response(error_body(ErrorCode.INVALID_REQUEST, str(exc.detail)), 413)
     if isinstance(exc, exceptions.ParseError):
-        return Response(error_body("INVALID_REQUEST", f"body: not valid JSON ({exc.detail})"), 400)
+        return Response(error_body(ErrorCode.INVALID_REQUEST, f"body: not valid JSON ({exc.detail})"), 400)
     if isinstance(exc, exceptions.UnsupportedMediaType):
-        return Response(error_body("INVALID_REQUEST", f"body: {exc.detail}"), 415)
+        return Response(error_body(ErrorCode.INVALID_REQUEST, f"body: {exc.detail}"), 415)
     if isinstance(exc, exceptions.ValidationError):
-        return Response(error_body("INVALID_REQUEST", "; ".join(flatten_errors(exc.detail))), 400)
+        return Response(error_body(ErrorCode.INVALID_REQUEST, "; ".join(flatten_errors(exc.detail))), 400)
     if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
-        response = Response(error_body(AUTHENTICATION_FAILED, str(exc.detail)), 401)
+        response = Response(error_body(ErrorCode.AUTHENTICATION_FAILED, str(exc.detail)), 401)
         response["WWW-Authenticate"] = "Bearer"
         _log_refusal_once(response, context)
         return response
     if isinstance(exc, exceptions.PermissionDenied):
-        return Response(error_body(AUTHORIZATION_FAILED, str(exc.detail)), 403)
+        return Response(error_body(ErrorCode.AUTHORIZATION_FAILED, str(exc.detail)), 403)
     if isinstance(exc, (OperationalError, InterfaceError)):
         return None  # re-raised: coordinator_project.middleware answers 503 COORDINATOR_UNAVAILABLE
     response = drf_exception_handler(exc, context)
     if response is not None:
-        code = "INVALID_REQUEST" if response.status_code < 500 else "INTERNAL_ERROR"
+        code = ErrorCode.INVALID_REQUEST if response.status_code < 500 else ErrorCode.INTERNAL_ERROR
         response.data = error_body(code, str(getattr(exc, "detail", exc)))
         return response
     log.exception("unhandled API error", exc_info=exc)
     return Response(
-        error_body("INTERNAL_ERROR", "internal error; see the coordinator log"),
+        error_body(ErrorCode.INTERNAL_ERROR, "internal error; see the coordinator log"),
         status.HTTP_500_INTERNAL_SERVER_ERROR,
     )

@@ -15,20 +15,21 @@ from django.utils import timezone
 from assignments.selectors import read_group_state
 from coordination import engine
 from coordination.liveness import liveness
-from coordination.model import GroupState, ShardSlot, shard_sort_key
+from coordination.model import GroupState, ShardSlot, ShardState
+from dataplane.routing import shard_sort_key
 from groups import selectors, shardstats
 from groups.models import Group
 
 
-def shard_state(slot: ShardSlot | Any) -> str:
+def shard_state(slot: ShardSlot | Any) -> ShardState:
     """One word per shard, as `rsc_group_shards` counts them: drained, revoking, granted, unowned.
 
     Anything with `drained`, `owner` and `revoking` (a core slot, a matrix column)."""
     if slot.drained:
-        return "drained"
+        return ShardState.DRAINED
     if slot.owner is None:
-        return "unowned"
-    return "revoking" if slot.revoking else "granted"
+        return ShardState.UNOWNED
+    return ShardState.REVOKING if slot.revoking else ShardState.GRANTED
 
 
 def _ms_since(then: datetime | None, now: datetime) -> int | None:

@@ -21,8 +21,8 @@ from assignments.models import ShardAssignment
 from assignments.store import load_state, lock_group, save_state
 from coordination.model import LIVE_STATUSES
 from coordination.restore import parse_fence_epoch, raise_epochs_above
+from dataplane.routing import ShardKeys
 from groups.errors import ServiceError
-from groups.metadata import fence_key, redis_key, seal_key
 from groups.models import Event, Group, Shard, ShardVersion, Stream, VersionState
 from groups.namespace import stream_redis
 from members.models import Member
@@ -139,12 +139,12 @@ def _purge_group(prefix: str, shard_ids: list[str], group: str) -> dict[str, int
     try:
         pipe = client.pipeline(transaction=False)
         for sid in shard_ids:
-            pipe.xgroup_destroy(redis_key(prefix, sid), group)
+            pipe.xgroup_destroy(ShardKeys(sid, prefix).stream, group)
         # A missing stream answers an error: nothing to destroy there.
         destroyed = sum(1 for r in pipe.execute(raise_on_error=False) if r == 1)
         pipe = client.pipeline(transaction=False)
         for sid in shard_ids:
-            pipe.delete(fence_key(prefix, sid, group))
+            pipe.delete(ShardKeys(sid, prefix).fence(group))
         tokens = sum(pipe.execute())
     except redis.RedisError as exc:
         raise ServiceError(f"purging Redis failed, nothing deleted: {exc}") from exc
@@ -176,7 +176,7 @@ def _purge_stream(prefix: str, stream: str, shard_ids: list[str]) -> int:
     """Every key in the slots of the stream's shards: streams, seal markers, DLQs, leftovers."""
     client = stream_redis()
     try:
-        keys = {redis_key(prefix, s) for s in shard_ids} | {seal_key(prefix, s) for s in shard_ids}
+        keys = {key for s in shard_ids for key in (ShardKeys(s, prefix).stream, ShardKeys(s, prefix).sealed)}
         # Stream names are [A-Za-z0-9._-]: nothing in the pattern is a glob character.
         keys.update(client.scan_iter(match=f"{prefix}:{{{stream}:*", count=1000))
         deleted = 0
@@ -229,7 +229,7 @@ def _highest_fence_epoch(group: Group) -> int | None:
     prefix = group.stream.key_prefix
     shard_ids = list(Shard.objects.filter(version__stream_id=group.stream_id).values_list("shard_id", flat=True))
     try:
-        tokens = stream_redis().mget([fence_key(prefix, s, group.name) for s in shard_ids]) if shard_ids else []
+        tokens = stream_redis().mget([ShardKeys(s, prefix).fence(group.name) for s in shard_ids]) if shard_ids else []
     except redis.RedisError as exc:
         raise ServiceError(f"reading fence tokens from Redis failed: {exc}") from exc
     epochs = [e for e in (parse_fence_epoch(t) for t in tokens if t) if e is not None]

@@ -7,19 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordination.shardmath import hash_range
+from dataplane.routing import HASH_ALGORITHM, ShardKeys, hash_range
 from groups.models import Group, Shard, ShardVersion, Stream, VersionState
 
-HASH_ALGORITHM = "blake2b-64"
 _cache: dict[tuple[str, int, int], dict[str, Any]] = {}
-
-
-def redis_key(prefix: str, shard_id: str) -> str:
-    return f"{prefix}:{{{shard_id}}}"
-
-
-def seal_key(prefix: str, shard_id: str) -> str:
-    return f"{prefix}:{{{shard_id}}}:sealed"
 
 
 def versions_document(stream: Stream) -> list[dict[str, Any]]:
@@ -38,8 +29,8 @@ def versions_document(stream: Stream) -> list[dict[str, Any]]:
                 {
                     "shardId": s.shard_id,
                     "index": s.index,
-                    "redisKey": redis_key(stream.key_prefix, s.shard_id),
-                    "sealKey": seal_key(stream.key_prefix, s.shard_id),
+                    "redisKey": ShardKeys(s.shard_id, stream.key_prefix).stream,
+                    "sealKey": ShardKeys(s.shard_id, stream.key_prefix).sealed,
                     "hashRange": list(hash_range(s.index, v.shard_count)),
                     "parents": list(s.parents),
                 }
@@ -91,8 +82,3 @@ def routing_document(stream: Stream) -> dict[str, Any]:
             _cache.clear()
         _cache[key] = doc
     return doc
-
-
-def fence_key(prefix: str, shard_id: str, group: str) -> str:
-    """The group's fence token on a shard (written by members, PROTOCOL §7)."""
-    return f"{prefix}:{{{shard_id}}}:fence:{group}"

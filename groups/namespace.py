@@ -22,8 +22,8 @@ import redis
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from dataplane.routing import ShardKeys
 from groups.errors import ServiceError
-from groups.metadata import fence_key, redis_key, seal_key
 from groups.models import Installation
 
 PREFIX_BASE = "rsc"
@@ -104,10 +104,11 @@ def check_new_shards(
     group_names = list(groups)
     keys: list[str] = []
     for sid in shard_ids:
+        shard_keys = ShardKeys(sid, prefix)
         if group_names:
-            keys.extend(fence_key(prefix, sid, g) for g in group_names)
+            keys.extend(shard_keys.fence(g) for g in group_names)
         else:
-            keys.extend((redis_key(prefix, sid), seal_key(prefix, sid)))
+            keys.extend((shard_keys.stream, shard_keys.sealed))
     found: list[str] = []
     with _redis_errors():
         for start in range(0, len(keys), 1000):

@@ -26,8 +26,8 @@ from redis.exceptions import RedisError, ResponseError
 
 from assignments.models import ShardAssignment
 from assignments.store import lock_group
-from coordination.model import LIVE_STATUSES, shard_sort_key
-from dataplane.routing import ShardKeys
+from coordination.model import LIVE_STATUSES
+from dataplane.routing import ShardKeys, shard_sort_key
 from groups import shardstats
 from groups.errors import ServiceError
 from groups.models import Event, Group, VersionState

@@ -30,9 +30,8 @@ from django.utils import timezone
 from assignments.models import ShardAssignment
 from assignments.store import load_state, lock_group, save_state
 from coordination import engine
-from coordination.shardmath import parent_indexes, shard_id
+from dataplane.routing import ShardKeys, parent_indexes, shard_id
 from groups.errors import ServiceError
-from groups.metadata import seal_key
 from groups.models import Event, Group, Shard, ShardVersion, Stream, StreamState, VersionState
 from groups.namespace import check_new_shards, claim_prefix
 from groups.services import _check_int, shard_cap
@@ -154,7 +153,7 @@ def _seal(row: Stream, now: datetime) -> dict[str, Any]:
         marker = json.dumps({"stream": row.name, "version": v.version, "successor": row.write_version,
                              "sealedAt": now.isoformat()})
         shard_ids = Shard.objects.filter(version=v).order_by("index").values_list("shard_id", flat=True)
-        keys.extend((seal_key(row.key_prefix, s), marker) for s in shard_ids)
+        keys.extend((ShardKeys(s, row.key_prefix).sealed, marker) for s in shard_ids)
     _write_seal_markers(keys)  # raises: the transaction rolls back, state stays SEALING
     ShardVersion.objects.filter(pk__in=[v.pk for v in versions]).update(state=VersionState.SEALED, sealed_at=now)
     _set_stream_state(row, StreamState.DRAINING, now)

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from assignments.models import ShardAssignment
 from assignments.store import lock_group
-from coordination.shardmath import shard_id
+from dataplane.routing import shard_id
 from groups.errors import ServiceError
 from groups.models import (
     ApiKey,

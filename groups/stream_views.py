@@ -10,16 +10,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from assignments.serializers import ErrorBodySerializer
+from dataplane.protocol import ErrorCode
+from dataplane.routing import HASH_ALGORITHM
 from groups.api_errors import error_body
 from groups.auth import require_scope, require_stream_access
 from groups.errors import ServiceError
 from groups.metadata import routing_document
-from groups.models import Stream
+from groups.models import Stream, StreamState, VersionState
 from groups.resharding import ReshardInProgress, StreamNotFound, start_reshard
 from groups.services import url_name_problem
-
-STREAM_NOT_FOUND = "STREAM_NOT_FOUND"
-RESHARD_IN_PROGRESS = "RESHARD_IN_PROGRESS"
 
 _shard = inline_serializer("RoutedShard", {
     "shardId": serializers.CharField(),
@@ -32,7 +31,7 @@ _shard = inline_serializer("RoutedShard", {
 })
 _version = inline_serializer("RoutedVersion", {
     "version": serializers.IntegerField(),
-    "state": serializers.ChoiceField(choices=["ACTIVE", "SEALED"]),
+    "state": serializers.ChoiceField(choices=[s.value for s in VersionState if s != VersionState.RETIRED]),
     "shardCount": serializers.IntegerField(),
     "shards": _shard,
 })
@@ -40,8 +39,8 @@ _routing = inline_serializer("Routing", {
     "stream": serializers.CharField(),
     "writeVersion": serializers.IntegerField(),
     "metadataEpoch": serializers.IntegerField(),
-    "state": serializers.ChoiceField(choices=["STABLE", "PREPARING", "SEALING", "DRAINING"]),
-    "hash": serializers.CharField(help_text="blake2b-64"),
+    "state": serializers.ChoiceField(choices=StreamState.values),
+    "hash": serializers.CharField(help_text=HASH_ALGORITHM),
     "keyPrefix": serializers.CharField(),
     "versions": _version,
 })
@@ -63,9 +62,9 @@ def _authorize(request: Request, stream: str, *, reshard: bool) -> Response | No
     if scope.stream != stream:
         problem = url_name_problem("stream", stream)
         if problem is not None:
-            return Response(error_body("INVALID_REQUEST", problem), 400)
+            return Response(error_body(ErrorCode.INVALID_REQUEST, problem), 400)
         if not Stream.objects.filter(name=stream).exists():
-            return Response(error_body(STREAM_NOT_FOUND, f"stream {stream!r} does not exist"), 404)
+            return Response(error_body(ErrorCode.STREAM_NOT_FOUND, f"stream {stream!r} does not exist"), 404)
     require_stream_access(request, stream, reshard=reshard)
     return None
 
@@ -81,7 +80,7 @@ class RoutingView(APIView):
             return refused
         row = Stream.objects.filter(name=stream).first()
         if row is None:
-            return Response(error_body(STREAM_NOT_FOUND, f"stream {stream!r} does not exist"), 404)
+            return Response(error_body(ErrorCode.STREAM_NOT_FOUND, f"stream {stream!r} does not exist"), 404)
         return Response(routing_document(row))
 
 
@@ -101,18 +100,18 @@ class ReshardView(APIView):
             return refused
         body: Any = request.data
         if not isinstance(body, dict) or "shards" not in body:
-            return Response(error_body("INVALID_REQUEST", 'body: a JSON object {"shards": N} is required'), 400)
+            return Response(error_body(ErrorCode.INVALID_REQUEST, 'body: a JSON object {"shards": N} is required'), 400)
         unknown = sorted(set(body) - {"shards"})
         if unknown:
-            return Response(error_body("INVALID_REQUEST", f"body: unknown field(s) {', '.join(unknown)}"), 400)
+            return Response(error_body(ErrorCode.INVALID_REQUEST, f"body: unknown field(s) {', '.join(unknown)}"), 400)
         try:
             version = start_reshard(stream, body["shards"], actor=f"api-key:{request.auth.key_id}")
         except StreamNotFound as exc:
-            return Response(error_body(STREAM_NOT_FOUND, str(exc)), 404)
+            return Response(error_body(ErrorCode.STREAM_NOT_FOUND, str(exc)), 404)
         except ReshardInProgress as exc:
-            return Response(error_body(RESHARD_IN_PROGRESS, str(exc)), 409)
+            return Response(error_body(ErrorCode.RESHARD_IN_PROGRESS, str(exc)), 409)
         except ServiceError as exc:
-            return Response(error_body("INVALID_REQUEST", str(exc)), 400)
+            return Response(error_body(ErrorCode.INVALID_REQUEST, str(exc)), 400)
         row = Stream.objects.get(name=stream)
         return Response(
             {"stream": stream, "version": version.version, "shardCount": version.shard_count,

@@ -7,6 +7,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from coordination.liveness import Liveness
+from coordination.model import LIVE_STATUSES, GroupPhase, MemberStatus, ShardState
+from dataplane.protocol import ErrorCode
 from groups.access import authorize_group
 from groups.api_errors import error_body
 from groups.describe import describe_group
@@ -17,9 +20,9 @@ _member = inline_serializer("DescribedMember", {
     "instanceId": serializers.CharField(allow_null=True, help_text="static membership (§9); null for dynamic members"),
     "clientId": serializers.CharField(),
     "memberEpoch": serializers.IntegerField(),
-    "state": serializers.ChoiceField(choices=["STABLE", "REVOKING", "PENDING", "TEMPORARILY_LEFT"]),
+    "state": serializers.ChoiceField(choices=[s.value for s in MemberStatus if s in LIVE_STATUSES]),
     "liveness": serializers.ChoiceField(
-        choices=["alive", "late", "expired", "unknown"],
+        choices=[x.value for x in Liveness],
         help_text="late: silent for more than 2 heartbeat intervals; expired: beyond the session timeout",
     ),
     "assignedShards": _shard_list,
@@ -33,7 +36,7 @@ _member = inline_serializer("DescribedMember", {
 _shard = inline_serializer("DescribedShard", {
     "shardId": serializers.CharField(),
     "version": serializers.IntegerField(),
-    "state": serializers.ChoiceField(choices=["granted", "revoking", "unowned", "drained"]),
+    "state": serializers.ChoiceField(choices=[s.value for s in ShardState]),
     "sealed": serializers.BooleanField(),
     "owner": serializers.CharField(allow_null=True, help_text="memberId of the owner"),
     "clientId": serializers.CharField(allow_null=True, help_text="the owner's clientId"),
@@ -49,7 +52,7 @@ _shard = inline_serializer("DescribedShard", {
 _described = inline_serializer("DescribedGroup", {
     "group": serializers.CharField(),
     "stream": serializers.CharField(),
-    "state": serializers.ChoiceField(choices=["EMPTY", "ASSIGNING", "RECONCILING", "STABLE"]),
+    "state": serializers.ChoiceField(choices=[p.value for p in GroupPhase]),
     "streamState": serializers.CharField(),
     "groupEpoch": serializers.IntegerField(),
     "assignmentEpoch": serializers.IntegerField(),
@@ -80,5 +83,5 @@ class DescribeGroupView(APIView):
             return refused
         doc = describe_group(group)
         if doc is None:
-            return Response(error_body("GROUP_ID_NOT_FOUND", f"group {group!r} does not exist"), 404)
+            return Response(error_body(ErrorCode.GROUP_ID_NOT_FOUND, f"group {group!r} does not exist"), 404)
         return Response(doc)

@@ -11,7 +11,7 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from coordinator_project.celery import app as project_app
-from groups.metadata import seal_key
+from dataplane.routing import ShardKeys
 from groups.models import Event, Stream, SweepRun
 from groups.namespace import default_key_prefix
 from groups.resharding import start_reshard
@@ -97,7 +97,7 @@ def test_s6_beat_advances_a_reshard_to_stable(celery_beat_worker: CeleryRig, str
         time.sleep(0.05)
     kinds = list(Event.objects.filter(stream__name="rs-cel").order_by("id").values_list("kind", flat=True))
     assert kinds == ["reshard_started", "reshard_sealing", "version_sealed", "version_retired"]
-    assert stream_redis.exists(*(seal_key(default_key_prefix(), f"rs-cel:1:{i}") for i in range(2))) == 2
+    assert stream_redis.exists(*(ShardKeys(f"rs-cel:1:{i}", default_key_prefix()).sealed for i in range(2))) == 2
     # Later ticks find nothing to do, and say so in SweepRun (lag and result visible).
     while SweepRun.objects.get(name="resharding").last_result != {}:
         assert time.monotonic() < deadline

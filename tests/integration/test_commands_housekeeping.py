@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from groups.metadata import fence_key, redis_key, seal_key
+from dataplane.routing import ShardKeys
 from groups.models import Event, Group, Stream
 from groups.namespace import default_key_prefix
 from groups.resharding import start_reshard
@@ -105,13 +105,13 @@ def test_housekeeping_delete_group_refused_while_live_then_purges_only_its_own_r
     shards = ["hk:1:0", "hk:1:1", "hk:2:0", "hk:2:1", "hk:2:2"]
     for sid in shards:  # what members of both groups leave in Redis
         for group in ("hk-g1", "hk-g2"):
-            stream_redis.xgroup_create(redis_key(prefix, sid), group, id="0", mkstream=True)
-            stream_redis.set(fence_key(prefix, sid, group), f"3:{group}-member")
+            stream_redis.xgroup_create(ShardKeys(sid, prefix).stream, group, id="0", mkstream=True)
+            stream_redis.set(ShardKeys(sid, prefix).fence(group), f"3:{group}-member")
 
     with pytest.raises(CommandError, match=r"^group 'hk-g1' has 2 live member\(s\) \(a, b\): stop them"):
         run("delete_group", "hk-g1", "--purge-redis")
     assert Group.objects.filter(name="hk-g1").exists()
-    assert stream_redis.exists(fence_key(prefix, "hk:1:0", "hk-g1"))
+    assert stream_redis.exists(ShardKeys("hk:1:0", prefix).fence("hk-g1"))
 
     for m in draining.groups["hk-g1"]:
         leave(m)
@@ -123,15 +123,15 @@ def test_housekeeping_delete_group_refused_while_live_then_purges_only_its_own_r
     event = Event.objects.get(kind="group_deleted")
     assert (event.stream.name, event.actor, event.detail["group"]) == ("hk", "alice", "hk-g1")
     for sid in shards:
-        assert [g["name"] for g in stream_redis.xinfo_groups(redis_key(prefix, sid))] == ["hk-g2"]
-        assert not stream_redis.exists(fence_key(prefix, sid, "hk-g1"))
-        assert stream_redis.exists(fence_key(prefix, sid, "hk-g2"))
+        assert [g["name"] for g in stream_redis.xinfo_groups(ShardKeys(sid, prefix).stream)] == ["hk-g2"]
+        assert not stream_redis.exists(ShardKeys(sid, prefix).fence("hk-g1"))
+        assert stream_redis.exists(ShardKeys(sid, prefix).fence("hk-g2"))
     run("create_group", "hk-g1", "--stream", "hk")  # purged: the name is free again
 
     # Without --purge-redis the keys stay, and so the name stays taken in Redis.
     leave(draining.groups["hk-g2"][0])
     assert "Redis keys kept" in run("delete_group", "hk-g2")
-    assert stream_redis.exists(fence_key(prefix, "hk:2:0", "hk-g2"))
+    assert stream_redis.exists(ShardKeys("hk:2:0", prefix).fence("hk-g2"))
     with pytest.raises(CommandError, match=r"already holds .*fence:hk-g2"):
         run("create_group", "hk-g2", "--stream", "hk")
 
@@ -146,16 +146,16 @@ def test_housekeeping_delete_stream_refused_while_groups_exist_then_purges_its_k
         for m in members:
             leave(m)
         run("delete_group", name)
-    stream_redis.xadd(redis_key(prefix, "hk:2:1"), {"k": "v"})
+    stream_redis.xadd(ShardKeys("hk:2:1", prefix).stream, {"k": "v"})
     stream_redis.xadd(f"{prefix}:{{hk:2:1}}:dlq:hk-g1", {"k": "v"})
-    stream_redis.xadd(redis_key(prefix, "hkx:1:0"), {"k": "v"})  # another stream's key: kept
-    assert stream_redis.exists(seal_key(prefix, "hk:1:0"))
+    stream_redis.xadd(ShardKeys("hkx:1:0", prefix).stream, {"k": "v"})  # another stream's key: kept
+    assert stream_redis.exists(ShardKeys("hk:1:0", prefix).sealed)
 
     out = run("delete_stream", "hk", "--purge-redis")
     assert out.strip() == "deleted stream hk (4 Redis keys deleted)"  # 2 seal markers, a stream, a DLQ
     assert not Stream.objects.filter(name="hk").exists()
     assert list(stream_redis.scan_iter(f"{prefix}:{{hk:*")) == []
-    assert stream_redis.exists(redis_key(prefix, "hkx:1:0"))
+    assert stream_redis.exists(ShardKeys("hkx:1:0", prefix).stream)
     run("create_stream", "hk", "--shards", "2")  # purged: the name is free again
 
 
@@ -198,9 +198,9 @@ def test_restore_raise_epochs_puts_new_grants_above_the_fence_tokens_in_redis(ap
     w = World(api, "hkr", 2)
     w.settle("hkr-g1")
     prefix = default_key_prefix()
-    stream_redis.set(fence_key(prefix, "hkr:1:0", "hkr-g1"), "57:m-gone")
-    stream_redis.set(fence_key(prefix, "hkr:1:1", "hkr-g1"), "not-a-token")
-    stream_redis.set(fence_key(prefix, "hkr:1:1", "hkr-g2"), "9:m-other")  # another group's: not ours
+    stream_redis.set(ShardKeys("hkr:1:0", prefix).fence("hkr-g1"), "57:m-gone")
+    stream_redis.set(ShardKeys("hkr:1:1", prefix).fence("hkr-g1"), "not-a-token")
+    stream_redis.set(ShardKeys("hkr:1:1", prefix).fence("hkr-g2"), "9:m-other")  # another group's: not ours
     before = Group.objects.get(name="hkr-g1").assignment_epoch
 
     out = run("raise_epochs_after_restore", "--dry-run")

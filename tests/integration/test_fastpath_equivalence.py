@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 from assignments import fastpath, services, store
 from assignments.models import ShardAssignment
 from coordination import engine
-from coordination.model import ErrorCode, GroupState, HeartbeatRequest, RevokeReport, RevokeState
+from coordination.model import GroupState, HeartbeatRequest, RevokeReport
+from dataplane.protocol import ErrorCode, RevokeState
 from groups.models import Group
 from groups.resharding import advance_resharding, start_reshard
 from groups.services import ServiceError, create_group, create_stream

@@ -226,11 +226,21 @@ def test_healthz_and_readyz(api, db):
     assert r.status_code == 200 and r.json()["checks"]["database"] == "ok"
 
 
-def test_openapi_request_fields_match_the_validator():
+def test_openapi_request_fields_match_the_protocol():
     from assignments.serializers import HeartbeatRequestSerializer
-    from coordination.wire import FIELDS
+    from dataplane.protocol import REQUEST_FIELDS
 
-    assert set(HeartbeatRequestSerializer().fields) == FIELDS
+    assert set(HeartbeatRequestSerializer().fields) == set(REQUEST_FIELDS)
+
+
+def test_openapi_response_fields_match_the_protocol():
+    from assignments.serializers import ErrorBodySerializer, HeartbeatResponseSerializer
+    from dataplane.protocol import ASSIGNMENT_FIELDS, ERROR_FIELDS, RESPONSE_FIELDS
+
+    response = HeartbeatResponseSerializer()
+    assert set(response.fields) == set(RESPONSE_FIELDS)
+    assert set(response.fields["assignment"].fields) == set(ASSIGNMENT_FIELDS)
+    assert set(ErrorBodySerializer().fields) == set(ERROR_FIELDS)
 
 
 def test_steady_heartbeat_survives_a_broken_liveness_connection(hb: Hb):

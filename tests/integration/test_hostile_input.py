@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
 
-from coordination.wire import FIELDS
+from dataplane.protocol import ASSIGNMENT_FIELDS, ERROR_FIELDS, REQUEST_FIELDS, RESPONSE_FIELDS
 from groups.models import Stream
 from members.models import Member
 
@@ -55,7 +55,7 @@ def test_control_characters_in_a_body_field_are_400_naming_the_field(hb: Hb, fie
 
 def test_instance_id_with_control_characters_is_400_when_the_protocol_has_it(hb: Hb):
     # §9 instanceId: validated by the same string check as clientId once the field exists.
-    if "instanceId" not in FIELDS:
+    if "instanceId" not in REQUEST_FIELDS:
         pytest.skip("instanceId (static membership, §9) is not part of this build's wire format")
     status, body = hb({"memberId": "m1", "memberEpoch": 0, "instanceId": "i\x001"})
     _assert_400_naming(status, body, "instanceId")
@@ -145,7 +145,7 @@ def test_bad_name_without_a_key_is_still_401_first(api: APIClient, orders: Group
 def test_error_bodies_carry_only_error_code_message_and_member_id(api: APIClient, hb: Hb, orders: GroupFixture):
     status, body = hb({"memberId": "ghost", "memberEpoch": 4, "metadataEpoch": 1})
     assert status == 409
-    assert set(body) == {"errorCode", "errorMessage", "memberId"} and body["memberId"] == "ghost"
+    assert set(body) == set(ERROR_FIELDS) and body["memberId"] == "ghost"
     status, body = hb({"memberId": "m1", "memberEpoch": "x"})
     assert status == 400 and set(body) == {"errorCode", "errorMessage"}
     r = api.post(orders.url(), {"memberId": "m1", "memberEpoch": 0}, format="json")
@@ -156,5 +156,4 @@ def test_error_bodies_carry_only_error_code_message_and_member_id(api: APIClient
 
 def test_accepted_heartbeat_still_carries_every_field(hb: Hb):
     body = _joined(hb)
-    assert set(body) == {"errorCode", "errorMessage", "status", "memberId", "memberEpoch", "assignmentEpoch",
-                         "heartbeatIntervalMs", "assignment", "metadata"}
+    assert set(body) == set(RESPONSE_FIELDS) and set(body["assignment"]) == set(ASSIGNMENT_FIELDS)

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 
 from coordinator_project.celery import installation_namespace, namespace_settings
-from groups.metadata import fence_key, seal_key
+from dataplane.routing import ShardKeys
 from groups.models import Stream
 from groups.namespace import default_key_prefix, installation_id, owner_key
 from groups.resharding import start_reshard
@@ -78,7 +78,7 @@ def test_ns_two_installations_on_one_redis_do_not_see_each_others_keys(
     theirs = other["namespace"]
     assert theirs != mine and theirs.startswith("rsc-")
     # Their reshard sealed their version 1, under their prefix; nothing appeared under ours.
-    assert stream_redis.exists(*(seal_key(theirs, f"ns-orders:1:{i}") for i in range(2))) == 2
+    assert stream_redis.exists(*(ShardKeys(f"ns-orders:1:{i}", theirs).sealed for i in range(2))) == 2
     assert list(stream_redis.scan_iter(f"{mine}:*", count=1000)) == []
     # ... so this installation's stream is not sealed and reshards normally.
     assert start_reshard("ns-orders", 4).version == 2
@@ -106,18 +106,18 @@ def test_ns_a_key_prefix_owned_by_another_installation_is_refused(tmp_path: Path
 def test_ns_leftover_seal_markers_and_fence_tokens_are_refused(stream_redis: redis.Redis):
     prefix = default_key_prefix()
     # A reset database on the same Redis: markers of shards this database never had.
-    stream_redis.set(seal_key(prefix, "ns-left:1:1"), "{}")
+    stream_redis.set(ShardKeys("ns-left:1:1", prefix).sealed, "{}")
     with pytest.raises(ServiceError) as refused:
         create_stream("ns-left", 2)
     assert str(refused.value) == (
-        f"Redis already holds {seal_key(prefix, 'ns-left:1:1')}, which this database did not write "
+        f"Redis already holds {ShardKeys('ns-left:1:1', prefix).sealed}, which this database did not write "
         f"(another installation, or a deleted stream or group, used key prefix {prefix!r}). Delete "
         "those keys, or use another key prefix"
     )
     assert not Stream.objects.filter(name="ns-left").exists()
 
     create_stream("ns-ok", 2)
-    stream_redis.set(fence_key(prefix, "ns-ok:1:0", "ns-g"), "7:m-old")
+    stream_redis.set(ShardKeys("ns-ok:1:0", prefix).fence("ns-g"), "7:m-old")
     with pytest.raises(ServiceError, match=r"already holds .*:\{ns-ok:1:0\}:fence:ns-g"):
         create_group("ns-g", "ns-ok")
     create_group("ns-g2", "ns-ok")  # another group's name has no tokens: fine

@@ -22,10 +22,10 @@ from rest_framework.test import APIClient
 
 from assignments.models import ShardAssignment
 from assignments.services import heartbeat
-from coordination.model import HeartbeatRequest, RevokeReport, RevokeState
-from coordination.shardmath import hash_range, shard_id
+from coordination.model import HeartbeatRequest, RevokeReport
+from dataplane.protocol import RevokeState
+from dataplane.routing import ShardKeys, hash_range, shard_id
 from groups.describe import describe_group
-from groups.metadata import seal_key
 from groups.models import Event, Group, ShardVersion, Stream
 from groups.namespace import default_key_prefix
 from groups.resharding import start_reshard
@@ -177,7 +177,7 @@ def test_s6_reshard_end_to_end(api: APIClient, stream_redis: redis.Redis, old: i
         assert [lo, hi] == list(hash_range(shard["index"], new))
         expected = [p["shardId"] for p in doc["versions"][0]["shards"]
                     if p["hashRange"][0] < hi and lo < p["hashRange"][1]]
-        assert shard["parents"] == expected and shard["sealKey"] == seal_key(default_key_prefix(), shard["shardId"])
+        assert shard["parents"] == expected and shard["sealKey"] == ShardKeys(shard["shardId"], default_key_prefix()).sealed
     assert describe_group(fx.group)["streamState"] == "PREPARING"
 
     # R7: behind on metadata → SYNC_METADATA with the full document, then OK; no child yet.
@@ -190,14 +190,14 @@ def test_s6_reshard_end_to_end(api: APIClient, stream_redis: redis.Redis, old: i
     a = w.groups[fx.group][0]
     a.beat(drained=(a.owned[0],))
     assert not ShardAssignment.objects.filter(drained_at__isnull=False).exists()
-    assert not stream_redis.exists(seal_key(default_key_prefix(), v1[0]))
+    assert not stream_redis.exists(ShardKeys(v1[0], default_key_prefix()).sealed)
 
     # §6.2: the sweep seals v: markers in Redis (in each shard's slot), then SEALED, DRAINING.
     result = run_all_sweeps()
     assert result["resharding"][stream]["sealed"] == [1] and result["resharding"][stream]["state"] == "DRAINING"
     for sid in v1:
-        assert stream_redis.exists(seal_key(default_key_prefix(), sid))
-    assert not any(stream_redis.exists(seal_key(default_key_prefix(), sid)) for sid in v2)
+        assert stream_redis.exists(ShardKeys(sid, default_key_prefix()).sealed)
+    assert not any(stream_redis.exists(ShardKeys(sid, default_key_prefix()).sealed) for sid in v2)
     doc = routing(api, fx)
     assert doc["state"] == "DRAINING" and [v["state"] for v in doc["versions"]] == ["SEALED", "ACTIVE"]
     assert run_all_sweeps()["resharding"][stream] == {"waiting": {"1": {fx.group: old, f"{stream}-g2": old}}}
@@ -253,7 +253,7 @@ def test_s6_sealing_state_is_visible_and_retried_when_redis_is_down(api: APIClie
     assert Group.objects.get(name="rs-down-g").metadata_epoch == 2  # only the start raised it
     result = run_all_sweeps()["resharding"]["rs-down"]
     assert result["state"] == "DRAINING" and result["sealMarkers"] == 2
-    assert stream_redis.exists(*(seal_key(default_key_prefix(), f"rs-down:1:{i}") for i in range(2))) == 2
+    assert stream_redis.exists(*(ShardKeys(f"rs-down:1:{i}", default_key_prefix()).sealed for i in range(2))) == 2
     assert Group.objects.get(name="rs-down-g").metadata_epoch == 3
 
 

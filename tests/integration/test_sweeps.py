@@ -12,8 +12,9 @@ from django.db import connections
 from django.utils import timezone
 
 from assignments.services import heartbeat
-from coordination.model import HeartbeatRequest, RevokeReport, RevokeState
-from groups.metadata import seal_key
+from coordination.model import HeartbeatRequest, RevokeReport
+from dataplane.protocol import RevokeState
+from dataplane.routing import ShardKeys
 from groups.models import Event, Group, Stream, SweepRun
 from groups.namespace import default_key_prefix
 from groups.resharding import start_reshard
@@ -110,7 +111,7 @@ def test_l3_two_concurrent_resharding_sweeps_seal_and_retire_once(stream_redis: 
     row = Stream.objects.get(name="rs-conc")
     assert (row.state, row.metadata_epoch) == ("DRAINING", stream_epoch + 2)  # SEALING, DRAINING
     assert Group.objects.get(name="rs-conc-g").metadata_epoch == group_epoch + 1
-    assert stream_redis.exists(*(seal_key(default_key_prefix(), f"rs-conc:1:{i}") for i in range(4))) == 4
+    assert stream_redis.exists(*(ShardKeys(f"rs-conc:1:{i}", default_key_prefix()).sealed for i in range(4))) == 4
 
 
 def test_l2_sweep_fences_a_member_that_never_reports_revoked():

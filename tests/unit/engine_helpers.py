@@ -11,9 +11,9 @@ from coordination.model import (
     HeartbeatRequest,
     HeartbeatResponse,
     RevokeReport,
-    RevokeState,
     ShardSlot,
 )
+from dataplane.protocol import RevokeState
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -11,8 +11,8 @@ from coordination.model import (
     HeartbeatRequest,
     MemberStatus,
     RevokeReport,
-    RevokeState,
 )
+from dataplane.protocol import RevokeState
 
 from .engine_helpers import Client, at, group_with, make_group, settle
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordination.model import MEMBER_ID_RE
 from coordination.wire import InvalidRequest, parse_heartbeat
+from dataplane.protocol import MEMBER_ID_RE
 from groups.api_parsers import MAX_JSON_DEPTH, nested_too_deep
 from groups.ratelimit import LogThrottle, TokenBuckets
 from groups.services import GROUP_NAME_RE, KEY_PREFIX_RE, STREAM_NAME_RE

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from coordination import engine
 from coordination.model import GroupState, ShardSlot
-from coordination.shardmath import hash_range, parent_indexes, shard_id
+from dataplane.routing import hash_range, parent_indexes, shard_id
 
 from .engine_helpers import Client, settle
 

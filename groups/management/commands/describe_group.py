@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from coordination.model import ShardState
 from groups.describe import describe_group
 
 
@@ -54,7 +55,7 @@ class Command(BaseCommand):
         out("\n".join(table(
             ("SHARD", "STATE", "OWNER", "CLIENT", "LAST-DELIVERED", "LAG", "PENDING", "DLQ"),
             [
-                (s["shardId"], s["state"] + (" (sealed)" if s["sealed"] and s["state"] != "drained" else ""),
+                (s["shardId"], s["state"] + (" (sealed)" if s["sealed"] and s["state"] != ShardState.DRAINED else ""),
                  s["owner"], s["clientId"], s["lastDeliveredId"],
                  None if s["lag"] is None else f"{s['lag']}{'' if s['lagExact'] else '+'}",
                  s["pending"], s["dlqLength"])

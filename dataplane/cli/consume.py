@@ -1,0 +1,97 @@
+"""``consume``: join a group and run a handler on its messages until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..preflight import PreflightError, check_redis, describe_group
+from .common import add_common, add_sub
+
+NEEDS = ("coordinator", "api_key", "redis")
+
+
+def add_parser(sub: Any) -> None:
+    c = add_sub(sub, "consume", "join a group and run a handler on its messages")
+    add_common(c)
+    c.add_argument("--group", required=True)
+    c.add_argument(
+        "--handler",
+        required=True,
+        help="module:function taking a Message (the current directory is on sys.path)",
+    )
+    c.add_argument("--member-id", dest="member_id")
+    c.add_argument(
+        "--instance-id",
+        dest="instance_id",
+        default=os.environ.get("RSC_INSTANCE_ID") or None,
+        help="static membership (PROTOCOL §9): a restart with the same id gets the same shards "
+        "back; stopping sends a temporary leave (-2). Default: $RSC_INSTANCE_ID",
+    )
+    c.add_argument(
+        "--max-concurrency",
+        dest="max_concurrency",
+        type=int,
+        default=16,
+        help="async handlers: coroutines in flight at most",
+    )
+    c.add_argument("--workers", type=int, default=4)
+    c.add_argument("--batch-size", dest="batch_size", type=int, default=100)
+    c.add_argument("--block-ms", dest="block_ms", type=int, default=1000)
+    c.add_argument("--max-deliveries", dest="max_deliveries", type=int, default=5)
+    c.add_argument("--key-field", dest="key_field", default="key")
+    c.add_argument("--ack", choices=("after", "before"), default="after")
+
+
+def load_handler(spec: str) -> Callable[[Any], Any]:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--handler must look like module:function, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # handlers usually live next to where we are run
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{spec} is not callable")
+    return obj
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ..consumer import Consumer
+
+    try:
+        handler = load_handler(args.handler)
+    except Exception as exc:  # import errors of the handler's module included
+        raise PreflightError(
+            f"cannot load handler {args.handler!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    describe_group(args.coordinator, args.api_key, args.group)
+    check_redis(args.redis, args.cluster)
+    try:
+        consumer = Consumer(
+            args.coordinator,
+            args.group,
+            args.api_key,
+            handler,
+            redis_url=args.redis,
+            member_id=args.member_id,
+            instance_id=args.instance_id,
+            max_concurrency=args.max_concurrency,
+            workers=args.workers,
+            batch_size=args.batch_size,
+            block_ms=args.block_ms,
+            max_deliveries=args.max_deliveries,
+            key_field=args.key_field,
+            ack=args.ack,
+            cluster=args.cluster,
+        )
+    except ValueError as exc:
+        raise PreflightError(str(exc)) from exc
+    print(f"member {consumer.member_id} consuming group {args.group}", file=sys.stderr)
+    consumer.run()
+    return 0
