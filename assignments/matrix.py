@@ -221,10 +221,7 @@ def _cell(state: GroupState, member: Member, slot: ShardSlot) -> Cell:
     mid = member.member_id
     in_target = slot.target == mid
     if slot.owner == mid:
-        if slot.revoking:
-            kind = CellKind.REVOKING
-        else:
-            kind = CellKind.GRANTED if in_target else CellKind.LEAVING
+        kind = CellKind.REVOKING if slot.revoking else CellKind.GRANTED if in_target else CellKind.LEAVING
         return Cell(kind, in_target, slot.grant_epoch)
     if in_target:
         return Cell(CellKind.PENDING, True)

@@ -65,10 +65,7 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> Heartbea
         if response.error_code != ErrorCode.NONE:
             return HeartbeatResult(response, None)  # R8: a refused heartbeat changes nothing
         save_state(state, loaded, now)
-    if response.full_metadata:
-        metadata = group_metadata(group)
-    else:
-        metadata = {"metadataEpoch": group.metadata_epoch}
+    metadata = group_metadata(group) if response.full_metadata else {"metadataEpoch": group.metadata_epoch}
     return HeartbeatResult(response, metadata)
 
 

@@ -79,7 +79,8 @@ def main() -> None:
     try:
         def describe() -> None:
             response = api.get("/api/v1/groups/bench")
-            assert response.status_code == 200 and len(response.json()["shards"]) == SHARDS
+            assert response.status_code == 200
+            assert len(response.json()["shards"]) == SHARDS
 
         describe()  # first: per-process caches
         print(f"== GET /api/v1/groups/bench, {RUNS} requests each (in-process, Django test client)")

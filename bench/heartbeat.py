@@ -15,6 +15,7 @@ Prints, from one run on this machine:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -142,10 +143,8 @@ async def converge(url: str, group: str, key: str) -> tuple[float, int, float]:
                     settled.set()
                 if m.revoked:
                     continue  # a revocation is reported at once, like the data plane does
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(settled.wait(), data["heartbeatIntervalMs"] / 1000)
-                except TimeoutError:
-                    pass
 
         start = time.monotonic()
         tasks = [asyncio.ensure_future(live(m)) for m in members]
@@ -193,7 +192,7 @@ def single_join_cost(group: str, samples: int = 20) -> dict[str, dict[str, float
     return out
 
 
-def override_snapshots(enabled: bool):  # noqa: ANN201
+def override_snapshots(enabled: bool):
     from django.test import override_settings
 
     return override_settings(RSC_GROUP_SNAPSHOTS=enabled)
@@ -272,7 +271,8 @@ def main() -> None:
         from groups.describe import describe_group
 
         doc = describe_group("bench")
-        assert doc and doc["state"] == "STABLE", doc and doc["state"]
+        assert doc, doc and doc["state"]
+        assert doc["state"] == "STABLE", doc and doc["state"]
         bodies = [
             json.dumps({"memberId": m["memberId"], "memberEpoch": m["memberEpoch"],
                         "metadataEpoch": doc["metadataEpoch"], "ownedShards": m["assignedShards"]})

@@ -145,7 +145,9 @@ def parse_heartbeat(data: Any) -> HeartbeatRequest:
             revoking.append(RevokeReport(shard, state))
     if c.problems:
         raise InvalidRequest(c.problems)
-    assert member_id is not None and member_epoch is not None
+    # Narrowing only: a missing field was a problem above.
+    assert member_id is not None  # noqa: S101
+    assert member_epoch is not None  # noqa: S101
     return HeartbeatRequest(
         member_id=member_id,
         member_epoch=member_epoch,

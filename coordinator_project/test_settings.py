@@ -7,4 +7,4 @@ import os
 
 os.environ.setdefault("SECRET_KEY", "test-suite-insecure-key")
 
-from coordinator_project.settings import *  # noqa: E402,F403
+from coordinator_project.settings import *  # noqa: F403

@@ -33,7 +33,8 @@ class Backoff:
         """Count one more failure and return the delay before the next attempt."""
         self.failures += 1
         delay = min(self.cap, self.base * 2 ** (self.failures - 1))
-        return delay * (0.5 + random.random() / 2) if self.jitter else delay
+        # Jitter spreads retries; it needs no cryptographic randomness.
+        return delay * (0.5 + random.random() / 2) if self.jitter else delay  # noqa: S311
 
     def reset(self) -> None:
         self.failures = 0

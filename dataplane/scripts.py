@@ -181,7 +181,8 @@ class Lua:
 
     def __init__(self, source: str) -> None:
         self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
+        # Redis names scripts by their SHA-1; it is an identifier here, not a safeguard.
+        self.sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:

@@ -185,10 +185,8 @@ def _client(url: str, cluster: bool) -> redis.Redis | RedisCluster:
         options: dict[str, Any] = dict(
             socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
         )
-        if cluster:
-            client = RedisCluster.from_url(url, **options)  # connects now: not cached on failure
-        else:
-            client = redis.Redis.from_url(url, **options)
+        # A cluster client connects now: a failure is not cached.
+        client = RedisCluster.from_url(url, **options) if cluster else redis.Redis.from_url(url, **options)
         _clients[key] = client
     return client
 

@@ -21,6 +21,7 @@ coordinator, worker and beat, then a Redis this script started.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import errno
 import json
@@ -200,10 +201,9 @@ class Supervisor:
     @staticmethod
     def _signal(part: Part, sig: int) -> None:
         assert part.proc is not None
-        try:
-            os.killpg(part.proc.pid, sig)  # its session's process group: the part and its children
-        except (ProcessLookupError, PermissionError):
-            pass
+        # Its session's process group: the part and its children.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(part.proc.pid, sig)
 
     def stop_all(self) -> None:
         self.say(f"== stopping ({self.stop_reason or self.failed}): demo members leave first")

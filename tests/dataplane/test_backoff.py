@@ -50,6 +50,6 @@ def test_retry_call_returns_once_it_succeeds_and_stops_on_stop() -> None:
                       what="test") == 42  # fmt: skip
     stop = threading.Event()
     stop.set()
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match=r"^z$"):
         retry_call(lambda: (_ for _ in ()).throw(OSError("z")), (OSError,), Backoff(1, 1),
                    log=logging.getLogger("t"), what="test", stop=stop)  # fmt: skip

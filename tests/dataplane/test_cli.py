@@ -79,12 +79,15 @@ def test_clear_errors(coordinator, redis_url) -> None:
     e = {k: v for k, v in os.environ.items() if not k.startswith("RSC_")}
     e["PYTHONPATH"] = str(ROOT)
     out = run(["route", "--stream", "orders", "k"], e)
-    assert out.returncode == 2 and "--coordinator or $RSC_COORDINATOR_URL" in out.stderr
+    assert out.returncode == 2
+    assert "--coordinator or $RSC_COORDINATOR_URL" in out.stderr
     e = env(coordinator.url, redis_url)
     out = run(["produce", "--stream", "orders", "--key", "k", "novalue"], e)
-    assert out.returncode == 2 and "name=value" in out.stderr
+    assert out.returncode == 2
+    assert "name=value" in out.stderr
     out = run(["consume", "--group", "g", "--handler", "nosuchmodule:fn"], e)
-    assert out.returncode == 2 and "cannot load handler" in out.stderr
+    assert out.returncode == 2
+    assert "cannot load handler" in out.stderr
 
 
 def test_consume_until_sigterm_then_leave(r, prefix, coordinator, redis_url, tmp_path) -> None:
@@ -147,7 +150,8 @@ def test_installed_console_script_runs_from_any_directory_and_finds_a_local_hand
         return subprocess.run(argv, env=e, cwd=tmp_path, capture_output=True, text=True, timeout=60)
 
     out = run_here(sys.executable, "-m", "dataplane", "--help")
-    assert out.returncode == 0 and "exit codes:" in out.stdout, out.stderr
+    assert out.returncode == 0, out.stderr
+    assert "exit codes:" in out.stdout, out.stderr
     base = [str(script), "consume", "--coordinator", "http://127.0.0.1:9", "--group", "g"]
     base += ["--api-key", "k", "--redis", "redis://127.0.0.1:9/0", "--handler"]
     # The local handler imports (so the coordinator check is reached: unreachable, exit 3) ...
@@ -156,4 +160,5 @@ def test_installed_console_script_runs_from_any_directory_and_finds_a_local_hand
     assert out.stderr.startswith("error: cannot reach the coordinator at http://127.0.0.1:9")
     # ... and a missing one is a configuration error.
     out = run_here(*base, "nothere:handle")
-    assert out.returncode == 2 and "cannot load handler 'nothere:handle'" in out.stderr
+    assert out.returncode == 2
+    assert "cannot load handler 'nothere:handle'" in out.stderr

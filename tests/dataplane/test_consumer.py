@@ -63,7 +63,8 @@ def test_consumer_joins_consumes_and_leaves(r, prefix, coordinator, redis_url) -
         t.join(15)
     assert not t.is_alive()
     reqs = coordinator.requests
-    assert reqs[0]["memberEpoch"] == 0 and reqs[0]["ownedShards"] == []
+    assert reqs[0]["memberEpoch"] == 0
+    assert reqs[0]["ownedShards"] == []
     assert reqs[0]["memberId"] == "member-a"
     assert reqs[-1]["memberEpoch"] == -1
     assert set(q["memberId"] for q in reqs) == {"member-a"}
@@ -145,7 +146,8 @@ def test_refusal_before_the_first_join_is_fatal(coordinator, redis_url, status, 
     t, raised = _run_in_thread(c)
     t.join(15)
     assert not t.is_alive()
-    assert len(raised) == 1 and isinstance(raised[0], error)
+    assert len(raised) == 1
+    assert isinstance(raised[0], error)
     assert isinstance(raised[0], ConfigurationError)
     assert len(coordinator.requests) == 1  # no retry loop
 
@@ -160,7 +162,8 @@ def test_redis_unreachable_at_start_is_fatal(coordinator) -> None:
     t, raised = _run_in_thread(c)
     t.join(30)
     assert not t.is_alive()
-    assert len(raised) == 1 and isinstance(raised[0], RedisUnavailableError)
+    assert len(raised) == 1
+    assert isinstance(raised[0], RedisUnavailableError)
     assert coordinator.requests == []  # nothing joined
 
 
@@ -187,7 +190,8 @@ def test_refusal_after_a_successful_join_is_retried_with_a_warning(
         wait_until(lambda: refusals["left"] == 0, what="two refusals")
         n = len(coordinator.requests)
         wait_until(lambda: len(coordinator.requests) > n + 1, what="heartbeats again")
-        assert c.machine.member_epoch == 1 and sorted(c.machine.readable) == [
+        assert c.machine.member_epoch == 1
+        assert sorted(c.machine.readable) == [
             "orders:1:0",
             "orders:1:1",
         ]

@@ -81,7 +81,8 @@ def test_dlq_replay_routes_by_key_on_the_write_version_and_deletes_after_the_app
     )
     with open_dlq(coordinator, redis_url, page_size=2) as dl:
         done = dl.replay()
-        assert dl.list() == [] and dl.counts() == {}
+        assert dl.list() == []
+        assert dl.counts() == {}
     assert len(done) == 5
     for letter, sent in done:
         assert sent.shard == f"orders:2:{shard_index(hash64(letter.key), 4)}"
@@ -90,7 +91,8 @@ def test_dlq_replay_routes_by_key_on_the_write_version_and_deletes_after_the_app
     # Per key, the replay keeps the DLQ's order; a keyless letter is routed by its source id
     # (the key the runtime gave it).
     u1 = [sent for letter, sent in done if letter.key == "u1"]
-    assert u1[0].shard == u1[1].shard and u1[0].id < u1[1].id
+    assert u1[0].shard == u1[1].shard
+    assert u1[0].id < u1[1].id
     # DLQ ids are per stream: two DLQs can hold the same id, so match the shard too.
     keyless_letters = [ltr.key for ltr, _ in done if (ltr.shard, ltr.id) == ("orders:1:1", keyless)]
     assert keyless_letters == ["7-0"]
@@ -118,7 +120,8 @@ def test_dlq_replay_and_purge_stop_at_the_entries_present_when_they_started(
         dead_letter(r, prefix, shard, "later", 10)
         assert dl.purge(limit=3) == 3
         assert [x.key for x in dl.list()] == ["later"]
-        assert dl.purge() == 1 and dl.list() == []
+        assert dl.purge() == 1
+        assert dl.list() == []
 
 
 def test_dlq_refused_key_or_unknown_group_is_a_preflight_error(coordinator, redis_url) -> None:

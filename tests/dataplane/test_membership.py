@@ -86,7 +86,8 @@ def test_c2_ok_adds_new_assigned_shards_with_grant_epoch_and_token() -> None:
 def test_c3_sync_metadata_is_drain_only_and_updates_metadata_epoch() -> None:
     m = replay("c3_sync_metadata_is_drain_only")
     assert m.metadata_epoch == 10
-    assert m.metadata is not None and len(m.metadata["versions"]) == 2
+    assert m.metadata is not None
+    assert len(m.metadata["versions"]) == 2
 
 
 def test_c3_revoke_pending_does_not_grant_new_shards() -> None:
@@ -96,7 +97,8 @@ def test_c3_revoke_pending_does_not_grant_new_shards() -> None:
 def test_c4_fenced_clears_ownership_and_rejoins_with_epoch_0() -> None:
     m = replay("c4_fenced")
     assert m.member_id == "m-1"
-    assert m.revoking == {} and m.drained == set()
+    assert m.revoking == {}
+    assert m.drained == set()
 
 
 def test_c4_epoch_mismatch_is_treated_as_fenced() -> None:
@@ -108,7 +110,9 @@ def test_c4_member_id_mismatch_is_treated_as_fenced() -> None:
     m.poll(0)
     body = _ok(5, ["s:1:0"], member="someone-else")
     actions = m.on_response(1, 200, body)
-    assert actions.rejoin and m.readable == {} and m.member_epoch == 0
+    assert actions.rejoin
+    assert m.readable == {}
+    assert m.member_epoch == 0
 
 
 def test_c5_unknown_member_rejoins_with_empty_ownership() -> None:
@@ -187,7 +191,8 @@ def test_grant_start_position_first_version_vs_child(start: str, first_version_s
     assert m.readable["s:1:0"].start_id == first_version_start
     assert m.readable["s:2:1"].start_id == "0"  # a child version starts from its beginning
     assert m.readable["s:2:1"].redis_key == "p:{s:2:1}"
-    assert m.session_timeout_ms == 5000 and m.heartbeat_interval_ms == 1000
+    assert m.session_timeout_ms == 5000
+    assert m.heartbeat_interval_ms == 1000
 
 
 def test_one_heartbeat_in_flight() -> None:
@@ -206,10 +211,12 @@ def test_session_timeout_without_accepted_heartbeat_stops_everything() -> None:
     m.on_response(1, 200, _ok(3, ["s:1:0"]))
     assert not m.check_session(1 + m.session_timeout_ms)
     req = m.poll(1001)
-    assert req is not None and req["memberEpoch"] == 3
+    assert req is not None
+    assert req["memberEpoch"] == 3
     m.on_failure(1001)
     actions = m.check_session(2 + m.session_timeout_ms)
-    assert actions.abort == ["s:1:0"] and actions.rejoin
+    assert actions.abort == ["s:1:0"]
+    assert actions.rejoin
     assert m.poll(10**9)["memberEpoch"] == 0
 
 
@@ -219,7 +226,8 @@ def test_other_errors_keep_ownership_and_back_off() -> None:
     m.on_response(1, 200, _ok(3, ["s:1:0"]))
     m.poll(2000)
     actions = m.on_response(2001, 400, {"errorCode": "INVALID_REQUEST", "errorMessage": "x"})
-    assert not actions and sorted(m.readable) == ["s:1:0"]
+    assert not actions
+    assert sorted(m.readable) == ["s:1:0"]
     assert m.poll(2002) is None
     assert m.poll(2001 + 200)["memberEpoch"] == 3
 
@@ -238,7 +246,8 @@ def test_repeated_fencing_of_joins_backs_off() -> None:
 def test_leave_before_joining_sends_nothing() -> None:
     m = Membership("m-1")
     m.leave()
-    assert m.poll(0) is None and m.left
+    assert m.poll(0) is None
+    assert m.left
 
 
 def test_regranted_while_revoking_cancels_revocation() -> None:
@@ -250,7 +259,8 @@ def test_regranted_while_revoking_cancels_revocation() -> None:
     assert a.revoke == ["s:1:0"]
     m.poll(4000)
     a = m.on_response(4001, 200, _ok(4, ["s:1:0"]))
-    assert [g.shard for g in a.grant] == ["s:1:0"] and m.revoking == {}
+    assert [g.shard for g in a.grant] == ["s:1:0"]
+    assert m.revoking == {}
     assert m.readable["s:1:0"].grant_epoch == 4
 
 
@@ -261,12 +271,14 @@ def test_c4_refused_ack_right_after_the_session_check_does_not_fence_twice() -> 
     m.poll(1001)
     m.on_failure(1001)  # the coordinator stays silent past the session timeout
     fenced = m.check_session(2 + m.session_timeout_ms)
-    assert fenced.abort == ["s:1:0"] and fenced.rejoin
+    assert fenced.abort == ["s:1:0"]
+    assert fenced.rejoin
     # Then the ACK of a message handled meanwhile is refused: the shard is already aborted.
     again = m.fence_locally(3 + m.session_timeout_ms, {"s:1:0"}, "fence token taken")
     assert not again
     req = m.poll(3 + m.session_timeout_ms)  # rejoins at once: no second fence, no backoff
-    assert req is not None and req["memberEpoch"] == 0
+    assert req is not None
+    assert req["memberEpoch"] == 0
 
 
 def test_c4_fence_locally_on_a_held_shard_fences() -> None:
@@ -274,23 +286,33 @@ def test_c4_fence_locally_on_a_held_shard_fences() -> None:
     m.poll(0)
     m.on_response(1, 200, _ok(3, ["s:1:0", "s:1:1"]))
     actions = m.fence_locally(2, {"s:1:1"}, "fence token taken")
-    assert actions.abort == ["s:1:0", "s:1:1"] and actions.rejoin and m.member_epoch == 0
+    assert actions.abort == ["s:1:0", "s:1:1"]
+    assert actions.rejoin
+    assert m.member_epoch == 0
 def test_static_member_sends_its_instance_id_and_leaves_with_minus_2_after_in_flight_work() -> None:
     """§9: instanceId on the join and every heartbeat; stopping drains (C1) then sends -2."""
     m = Membership("m-1", instance_id="billing-3")
     join = m.poll(0)
-    assert join is not None and join["memberEpoch"] == 0 and join["instanceId"] == "billing-3"
+    assert join is not None
+    assert join["memberEpoch"] == 0
+    assert join["instanceId"] == "billing-3"
     m.on_response(1, 200, _ok(3, ["s:1:0"]))
     beat = m.poll(1001)
-    assert beat is not None and beat["memberEpoch"] == 3 and beat["instanceId"] == "billing-3"
+    assert beat is not None
+    assert beat["memberEpoch"] == 3
+    assert beat["instanceId"] == "billing-3"
     m.on_response(1002, 200, _ok(3, ["s:1:0"]))
     assert m.leave().revoke == ["s:1:0"]
     assert m.poll(1003) is None  # in-flight work on s:1:0 first
     m.revocation_finished("s:1:0")
     leave = m.poll(1004)
-    assert leave is not None and leave["memberEpoch"] == -2 and leave["instanceId"] == "billing-3"
-    assert leave["ownedShards"] == [] and leave["revokingShards"] == []
-    assert m.on_response(1005, 200, _ok(-2, [])).left and m.left
+    assert leave is not None
+    assert leave["memberEpoch"] == -2
+    assert leave["instanceId"] == "billing-3"
+    assert leave["ownedShards"] == []
+    assert leave["revokingShards"] == []
+    assert m.on_response(1005, 200, _ok(-2, [])).left
+    assert m.left
 
 
 def test_member_without_instance_id_sends_none_and_leaves_with_minus_1() -> None:

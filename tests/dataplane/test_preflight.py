@@ -40,12 +40,15 @@ def test_redis_unreachable_is_exit_3_and_misconfigured_redis_exit_2(redis_url) -
     assert str(err).startswith(f"cannot reach Redis at redis://user:***@127.0.0.1:{port}/0: ")
     assert refusal(check_redis, f"redis://127.0.0.1:{port}/0", True).exit_code == EXIT_UNREACHABLE
     err = refusal(check_redis, "http://127.0.0.1:6379")
-    assert err.exit_code == EXIT_CONFIG and str(err).startswith("bad Redis URL")
+    assert err.exit_code == EXIT_CONFIG
+    assert str(err).startswith("bad Redis URL")
     base = redis_url.rsplit("/", 1)[0]
     err = refusal(check_redis, f"{base}/999")
-    assert err.exit_code == EXIT_CONFIG and "refused: DB index is out of range" in str(err)
+    assert err.exit_code == EXIT_CONFIG
+    assert "refused: DB index is out of range" in str(err)
     err = refusal(check_redis, f"{base}/0", True)  # a standalone server is no cluster
-    assert err.exit_code == EXIT_CONFIG and "not usable as a cluster" in str(err)
+    assert err.exit_code == EXIT_CONFIG
+    assert "not usable as a cluster" in str(err)
 
 
 def test_coordinator_refusals_are_exit_2_and_unreachable_exit_3(coordinator) -> None:
@@ -57,7 +60,8 @@ def test_coordinator_refusals_are_exit_2_and_unreachable_exit_3(coordinator) -> 
     assert err.exit_code == EXIT_UNREACHABLE
     assert str(err).startswith("cannot reach the coordinator at http://127.0.0.1:")
     err = refusal(stream_routing, "ftp://x", "k", "orders")
-    assert err.exit_code == EXIT_CONFIG and str(err).startswith("bad coordinator URL 'ftp://x'")
+    assert err.exit_code == EXIT_CONFIG
+    assert str(err).startswith("bad coordinator URL 'ftp://x'")
 
 
 def test_redact_hides_only_the_password() -> None:

@@ -18,7 +18,8 @@ def test_send_routes_by_hash64_and_writes_key_field(r, prefix, coordinator, redi
         sent = p.send("customer-7", {"amount": "12"})
         assert sent.shard == f"orders:1:{shard_index(hash64('customer-7'), 4)}"
         [(entry_id, fields)] = r.xrange(ShardKeys(sent.shard, prefix).stream)
-        assert entry_id == sent.id and fields == {"key": "customer-7", "amount": "12"}
+        assert entry_id == sent.id
+        assert fields == {"key": "customer-7", "amount": "12"}
         many = p.send_many([(f"k{i}", {"n": str(i)}) for i in range(200)])
     assert [s.shard for s in many] == [
         f"orders:1:{shard_index(hash64(f'k{i}'), 4)}" for i in range(200)

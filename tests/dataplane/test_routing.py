@@ -28,7 +28,8 @@ def test_vectors_match_code() -> None:
     assert VECTORS["algorithm"] == HASH_ALGORITHM == "blake2b-64"
     assert len(VECTORS["vectors"]) >= 20
     keys = [v["key"] for v in VECTORS["vectors"]]
-    assert "" in keys and any(not k.isascii() for k in keys)
+    assert "" in keys
+    assert any(not k.isascii() for k in keys)
     for v in VECTORS["vectors"]:
         assert bytes.fromhex(v["utf8Hex"]) == v["key"].encode("utf-8")
         h = int(v["hash64"])
@@ -45,7 +46,8 @@ def test_hash_ranges_match_vectors_and_tile_the_space() -> None:
         n = int(n_str)
         got = [hash_range(i, n) for i in range(n)]
         assert [[str(lo), str(hi)] for lo, hi in got] == ranges
-        assert got[0][0] == 0 and got[-1][1] == 2**64
+        assert got[0][0] == 0
+        assert got[-1][1] == 2**64
         assert all(got[i][1] == got[i + 1][0] for i in range(n - 1))
 
 
@@ -53,7 +55,8 @@ def test_hash_ranges_match_vectors_and_tile_the_space() -> None:
 def test_index_is_the_range_containing_the_hash(h: int, n: int) -> None:
     i = shard_index(h, n)
     lo, hi = hash_range(i, n)
-    assert 0 <= i < n and lo <= h < hi
+    assert 0 <= i < n
+    assert lo <= h < hi
 
 
 def test_shard_keys_share_one_hash_tag() -> None:

@@ -91,7 +91,8 @@ def test_fence_token_refuses_stale_ack(r, prefix, start_runtime) -> None:
     assert started.wait(10)
     # The shard moved on: the next owner raised the token while we were still handling.
     ok, token = scripts.fence_raise(r, [keys.fence("g")], [4, "m-2"])
-    assert ok == 1 and token == "4:m-2"
+    assert ok == 1
+    assert token == "4:m-2"
     release.set()
     wait_until(lambda: rt.in_flight(shard) == 0, what="batch finished")
     assert pending(r, keys.stream) == 1  # the stale ACK was refused
@@ -111,7 +112,8 @@ def test_grant_below_current_fence_is_not_read(r, prefix, start_runtime) -> None
     r.xadd(keys.stream, {"key": "a"})
     rt.grant(make_grant(prefix, shard, epoch=5))
     wait_until(lambda: rt.status(shard) == "LOST", what="grant refused")
-    assert rt.pop_lost() == {shard} and got == []
+    assert rt.pop_lost() == {shard}
+    assert got == []
 
 
 def test_retry_then_dlq_after_max_deliveries(r, prefix, start_runtime) -> None:
@@ -138,8 +140,10 @@ def test_retry_then_dlq_after_max_deliveries(r, prefix, start_runtime) -> None:
     [(_id, dlq_fields)] = r.xrange(keys.dlq("g"))
     assert dlq_fields["dlq:deliveries"] == "3"
     assert dlq_fields["dlq:error"] == "ValueError: boom 3"
-    assert dlq_fields["dlq:id"] == bad_id and dlq_fields["dlq:shard"] == shard
-    assert dlq_fields["payload"] == "x" and dlq_fields["key"] == "bad"
+    assert dlq_fields["dlq:id"] == bad_id
+    assert dlq_fields["dlq:shard"] == shard
+    assert dlq_fields["payload"] == "x"
+    assert dlq_fields["key"] == "bad"
     # Every message, the DLQ'd one included, is accounted for: a revocation can complete.
     rt.revoke(shard)
     wait_until(lambda: rt.in_flight(shard) == 0, what="in-flight back to 0")
@@ -379,11 +383,15 @@ def test_fenced_read_script_reads_only_shards_whose_token_is_ours(r, prefix) -> 
     keys = [a.stream, a.fence("g"), b.stream, b.fence("g")]
     refused, reply, tails = scripts.fenced_read(r, keys, ["g", "m-1", 10, "2:m-1", "2:m-1"])
     assert refused == [2]
-    assert [stream for stream, _entries in reply] == [a.stream] and tails is None
-    assert pending(r, a.stream) == 1 and pending(r, b.stream) == 0
+    assert [stream for stream, _entries in reply] == [a.stream]
+    assert tails is None
+    assert pending(r, a.stream) == 1
+    assert pending(r, b.stream) == 0
     # Nothing new on a: no reply, and the id to wait after with XREAD BLOCK.
     refused, reply, tails = scripts.fenced_read(r, keys[:2], ["g", "m-1", 10, "2:m-1"])
-    assert refused == [] and reply is None and tails == [r.xrevrange(a.stream, count=1)[0][0]]
+    assert refused == []
+    assert reply is None
+    assert tails == [r.xrevrange(a.stream, count=1)[0][0]]
 
 
 def test_fenced_read_aborts_when_the_token_moves_between_the_check_and_the_read(r, prefix):
@@ -415,7 +423,8 @@ def test_fenced_read_aborts_when_the_token_moves_between_the_check_and_the_read(
     finally:
         client.connection_pool.release(conn)
         client.close()
-    assert res.aborted and res.entries == {}
+    assert res.aborted
+    assert res.entries == {}
     assert pending(r, keys.stream) == 0  # nothing entered m-1's PEL
     # Its next read sees the new token at the check and refuses the shard.
     conn = r.connection_pool.get_connection()

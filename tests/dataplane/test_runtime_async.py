@@ -96,11 +96,13 @@ def test_async_retry_then_dlq_after_max_deliveries(r, prefix, start_runtime) -> 
     r.xadd(keys.stream, {"key": "good", "n": "3"})
     wait_until(lambda: r.xlen(keys.dlq("g")) == 1 and len(ok) == 2, what="DLQ entry")
     wait_until(lambda: pending(r, keys.stream) == 0, what="all acked")
-    assert calls["2"] == 3 and ok == ["1", "3"]
+    assert calls["2"] == 3
+    assert ok == ["1", "3"]
     [(_id, dlq_fields)] = r.xrange(keys.dlq("g"))
     assert dlq_fields["dlq:deliveries"] == "3"
     assert dlq_fields["dlq:error"] == "ValueError: boom 3"
-    assert dlq_fields["dlq:id"] == bad_id and dlq_fields["payload"] == "x"
+    assert dlq_fields["dlq:id"] == bad_id
+    assert dlq_fields["payload"] == "x"
     rt.revoke(shard)
     wait_until(lambda: rt.in_flight(shard) == 0, what="in-flight back to 0")
 

@@ -36,5 +36,6 @@ def run_cli(
 def one_line(out: subprocess.CompletedProcess[str]) -> str:
     """The single stderr line of a clear failure (no traceback, nothing else)."""
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert len(lines) == 1, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
     return lines[0]

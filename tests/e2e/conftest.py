@@ -8,6 +8,7 @@ a unique key prefix and stream name per test, its keys deleted afterwards (no FL
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -344,10 +345,8 @@ class World:
     # ---- teardown ------------------------------------------------------------------------
     def close(self) -> None:
         for pid in child_pids(self.server.process.pid):  # gunicorn workers a test may have stopped
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
         for m in self.members.values():
             if m.proc.poll() is None:
                 try:
@@ -356,10 +355,8 @@ class World:
                 except ProcessLookupError:
                     pass
         for m in self.members.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 m.proc.wait(10)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                pass
         for p in self.producers:
             p.close()
         prefix = getattr(self, "prefix", None)

@@ -46,7 +46,8 @@ def test_cli_consume_misconfigured_fails_at_start_with_one_line_and_exit_2_or_3(
     line = one_line(out)
     assert out.returncode == 2, out.stderr
     assert line.startswith("error: the API key is missing, unknown or revoked"), line
-    assert "HTTP 401 AUTHENTICATION_FAILED" in line and "--api-key-file" in line
+    assert "HTTP 401 AUTHENTICATION_FAILED" in line
+    assert "--api-key-file" in line
     assert "consuming" not in out.stderr
 
     # No key at all: a usage error (argparse, exit 2) naming the three sources.
@@ -79,7 +80,8 @@ def test_cli_consume_misconfigured_fails_at_start_with_one_line_and_exit_2_or_3(
 
     # Not a Redis URL at all: a configuration error.
     out = run_cli(consume(world, key=world.group_key, redis_url="http://127.0.0.1:6379"), tmp_path)
-    assert out.returncode == 2 and one_line(out).startswith("error: bad Redis URL"), out.stderr
+    assert out.returncode == 2, out.stderr
+    assert one_line(out).startswith("error: bad Redis URL"), out.stderr
 
     # Coordinator unreachable: exit 3.
     out = run_cli(["consume", "--coordinator", f"http://127.0.0.1:{free_port()}",
@@ -99,11 +101,13 @@ def test_cli_consume_misconfigured_fails_at_start_with_one_line_and_exit_2_or_3(
         out = run_cli(consume(world, key=world.group_key, handler=spec), tmp_path)
         line = one_line(out)
         assert out.returncode == 2, (spec, out.stderr)
-        assert line.startswith(f"error: cannot load handler {spec!r}") and says in line, line
+        assert line.startswith(f"error: cannot load handler {spec!r}"), line
+        assert says in line, line
 
     # A bad member id (the library's own check) is a configuration error too.
     out = run_cli(consume(world, "--member-id", "bad id!", key=world.group_key), tmp_path)
-    assert out.returncode == 2 and "member_id must be" in one_line(out)
+    assert out.returncode == 2
+    assert "member_id must be" in one_line(out)
 
 
 def test_cli_produce_route_and_key_sources_fail_clearly_and_read_json_lines(world: World, tmp_path: Path) -> None:
@@ -111,14 +115,16 @@ def test_cli_produce_route_and_key_sources_fail_clearly_and_read_json_lines(worl
     base = ["--coordinator", world.server.url, "--stream", world.stream]
 
     out = run_cli(["route", *base, "--api-key", "wrong", "k"], tmp_path)
-    assert out.returncode == 2 and "HTTP 401" in one_line(out)
+    assert out.returncode == 2
+    assert "HTTP 401" in one_line(out)
     out = run_cli(["route", "--coordinator", world.server.url, "--stream", "nope",
                    "--api-key", world.stream_key, "k"], tmp_path)
     assert out.returncode == 2
     assert one_line(out).startswith("error: stream 'nope' does not exist on the coordinator")
     out = run_cli(["produce", *base, "--redis", f"redis://127.0.0.1:{free_port()}/0",
                    "--api-key", world.stream_key, "--key", "k", "a=1"], tmp_path)
-    assert out.returncode == 3 and one_line(out).startswith("error: cannot reach Redis")
+    assert out.returncode == 3
+    assert one_line(out).startswith("error: cannot reach Redis")
 
     # The key from a file or from $RSC_API_KEY: it never appears on the command line.
     key_file = tmp_path / "key"
@@ -149,6 +155,8 @@ def test_cli_produce_route_and_key_sources_fail_clearly_and_read_json_lines(worl
 
     # --api-key-file misuse: a usage error.
     out = run_cli(["route", *base, "--api-key-file", str(tmp_path / "missing"), "k"], tmp_path)
-    assert out.returncode == 2 and "--api-key-file: cannot read" in out.stderr
+    assert out.returncode == 2
+    assert "--api-key-file: cannot read" in out.stderr
     out = run_cli(["route", *base, "--api-key", "x", "--api-key-file", str(key_file), "k"], tmp_path)
-    assert out.returncode == 2 and "mutually exclusive" in out.stderr
+    assert out.returncode == 2
+    assert "mutually exclusive" in out.stderr

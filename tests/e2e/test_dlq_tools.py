@@ -152,11 +152,15 @@ def test_dlq_list_then_replay_after_the_fix_handles_each_poison_message_once_and
     for key in poison:
         recs = [r for r in world.results.records if r.key == key]
         assert len(recs) == 1, recs
-        assert recs[0].shard == world.route(key, 2) and recs[0].dc == 1 and recs[0].seq == 0
+        assert recs[0].shard == world.route(key, 2)
+        assert recs[0].dc == 1
+        assert recs[0].seq == 0
     with dead_letters(world) as dl:
-        assert dl.list() == [] and dl.counts() == {}
+        assert dl.list() == []
+        assert dl.counts() == {}
     out = dlq(world, tmp_path, "list")
-    assert out.returncode == 0 and out.stdout == ""
+    assert out.returncode == 0
+    assert out.stdout == ""
     assert out.stderr.strip() == f"0 shown of 0 dead letters of group {world.group}"
     assert world.members["a"].proc.poll() is None, world.diag()
 
@@ -180,11 +184,13 @@ def test_dlq_purge_needs_yes_and_deletes_only_what_it_is_told(world: World, tmp_
         before = [x.key for x in dl.list()]  # oldest first (workers dead-letter in any order)
 
     out = dlq(world, tmp_path, "purge", "--yes", "--limit", "1")
-    assert out.returncode == 0 and json.loads(out.stdout) == {"purged": 1}
+    assert out.returncode == 0
+    assert json.loads(out.stdout) == {"purged": 1}
     with dead_letters(world) as dl:
         assert [x.key for x in dl.list()] == before[1:]
     out = dlq(world, tmp_path, "purge", "--yes")
-    assert out.returncode == 0 and json.loads(out.stdout) == {"purged": 2}
+    assert out.returncode == 0
+    assert json.loads(out.stdout) == {"purged": 2}
     with dead_letters(world) as dl:
         assert dl.list() == []
     world.results.poll()

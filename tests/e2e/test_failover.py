@@ -36,7 +36,8 @@ def test_c_kill_one_of_three_members_loses_nothing_and_keeps_key_order(world: Wo
         world.start_cli_member(mid, gate=gate if mid == victim else None)
     world.wait(lambda: world.stable_with(set(ids)), 30, "3 members STABLE")
     owners = world.owners()
-    assert sorted(owners) == world.shard_ids() and set(owners.values()) == set(ids)
+    assert sorted(owners) == world.shard_ids()
+    assert set(owners.values()) == set(ids)
     victim_shards = sorted(s for s, m in owners.items() if m == victim)
 
     keys = [f"k{i}" for i in range(200)]
@@ -140,13 +141,16 @@ def test_c4_paused_member_is_fenced_its_acks_refused_and_it_rejoins(world: World
     world.wait(lambda: world.stable_with({b}), 30, "a expired and b holding every shard")
     gone = Member.objects.get(group__name=world.group, member_id=a)
     assert gone.status == "EXPIRED"  # by the L1 sweep: silent for longer than the session timeout
-    assert sorted(world.owners()) == world.shard_ids() and set(world.owners().values()) == {b}
+    assert sorted(world.owners()) == world.shard_ids()
+    assert set(world.owners().values()) == {b}
     world.wait(lambda: all((world.r.get(world.keys(s).fence(world.group)) or "").endswith(f":{b}")
                            for s in a_shards), 10, "b raising the fence tokens of a's shards")
     tokens_moved = {s: world.r.get(world.keys(s).fence(world.group)) for s in a_shards}
     for s in a_shards:
         old_epoch, new = int(tokens_before[s].split(":")[0]), tokens_moved[s]
-        assert new and new.endswith(f":{b}") and int(new.split(":")[0]) > old_epoch, (tokens_before, tokens_moved)
+        assert new, (tokens_before, tokens_moved)
+        assert new.endswith(f":{b}"), (tokens_before, tokens_moved)
+        assert int(new.split(":")[0]) > old_epoch, (tokens_before, tokens_moved)
     # `b` took over what `a` had in flight (the gated message too: it now sits in b's gate)...
     world.wait(lambda: world.r.get(f"{gates[b]}:waiting") == gated.id, 20, "b handling the gated message")
     assert gated.id in world.pending_ids(gated.shard, b)
@@ -237,7 +241,8 @@ def test_c4_member_paused_mid_heartbeat_reads_nothing_after_its_session(world: W
     world.wait(lambda: world.stable_with({b}), 30, "a expired and b holding every shard")
     gone = Member.objects.get(group__name=world.group, member_id=a)
     # The coordinator did answer a's last heartbeat after a was stopped (then expired it).
-    assert gone.status == "EXPIRED" and gone.last_heartbeat_at >= a_stopped_at
+    assert gone.status == "EXPIRED"
+    assert gone.last_heartbeat_at >= a_stopped_at
     world.wait(lambda: all((world.r.get(world.keys(s).fence(world.group)) or "").endswith(f":{b}")
                            for s in a_shards), 10, "b raising the fence tokens of a's shards")
     update_group_config(world.group, actor="e2e", max_members=1)  # a cannot rejoin yet

@@ -100,7 +100,8 @@ def test_s6_reshard_2_to_4_under_steady_production_loses_nothing_and_keeps_key_o
     assert sorted(len(m["assignedShards"]) for m in doc["members"]) == [2, 2]
     # The producer really wrote both versions, rerouted on the seal (its routing cache lives
     # 30 s, so only the refused append made it switch), and every key crossed the switch.
-    assert v1_before_seal > 0 and producer.sent_to_version(2) > 300
+    assert v1_before_seal > 0
+    assert producer.sent_to_version(2) > 300
     by_key: dict[str, set[int]] = {}
     for key, _seq, sent in ledger.sent:
         by_key.setdefault(key, set()).add(int(sent.shard.split(":")[1]))

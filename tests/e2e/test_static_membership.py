@@ -92,7 +92,8 @@ def test_rolling_restart_of_static_members_moves_no_shard_to_another_member(worl
     # 0 shards granted to another member: nothing was rebalanced or expired, the target never
     # moved, and every handling of a shard was by an incarnation of the instance holding it.
     kinds = list(Event.objects.filter(group__name=world.group, id__gt=settled_at).values_list("kind", flat=True))
-    assert kinds.count("left_temporarily") == 4 and kinds.count("joined") == 4
+    assert kinds.count("left_temporarily") == 4
+    assert kinds.count("joined") == 4
     assert not {"rebalanced", "expired", "fenced", "left"} & set(kinds), kinds
     assert targets() == instance_of_shard
     moved = {(rec.shard, rec.member) for rec in world.results.records
@@ -123,7 +124,8 @@ def test_crashed_static_member_keeps_its_shards_until_the_session_timeout(world:
     world.wait(lambda: world.stable_with({"b"}), 30, "a expired (L1) and b holding every shard")
     assert time.monotonic() - killed_at >= 3.5  # 4 s session timeout, last heartbeat <= 0.25 s before the kill
     assert Member.objects.get(group__name=world.group, member_id="a").status == "EXPIRED"
-    assert set(world.owners().values()) == {"b"} and sorted(world.owners()) == world.shard_ids()
+    assert set(world.owners().values()) == {"b"}
+    assert sorted(world.owners()) == world.shard_ids()
 
     def all_handled() -> bool:
         world.results.poll()
@@ -153,12 +155,14 @@ def test_duplicate_instance_replaces_the_old_member_whose_late_ack_is_refused(wo
     start_static(world, "dup", "inst-0", gate=gates["dup"])
     world.wait(lambda: world.stable_with({"dup", "other"}), 60, "dup in old's place")
     replaced = Member.objects.get(group__name=world.group, member_id="old")
-    assert replaced.status == "LEFT" and "replaced" in replaced.fenced_reason
+    assert replaced.status == "LEFT"
+    assert "replaced" in replaced.fenced_reason
     assert sorted(s for s, m in world.owners().items() if m == "dup") == old_shards
     world.wait(lambda: world.r.get(f"{gates['dup']}:waiting") == gated.id, 20, "dup took over the gated message")
     for s in old_shards:
         token = world.r.get(world.keys(s).fence(world.group)) or ""
-        assert token.endswith(":dup") and int(token.split(":")[0]) > int(tokens_before[s].split(":")[0])
+        assert token.endswith(":dup")
+        assert int(token.split(":")[0]) > int(tokens_before[s].split(":")[0])
 
     # The old process resumes with the coordinator stalled, so nothing tells it it was replaced
     # before its handler finishes: its ACK goes to Redis and the fence token refuses it.

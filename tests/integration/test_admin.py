@@ -166,7 +166,8 @@ def test_anonymous_and_non_staff_are_refused_on_every_page(hb: Hb, orders: Group
     for url in admin_urls(orders):
         for client in (Client(), outsider):
             r = client.get(url)
-            assert r.status_code == 302 and "/admin/login/" in r["Location"], url
+            assert r.status_code == 302, url
+            assert "/admin/login/" in r["Location"], url
 
 
 def test_every_page_renders_for_staff(hb: Hb, orders: GroupFixture, root: Client, viewer: Client):
@@ -229,9 +230,11 @@ def test_group_config_edit_goes_through_the_service(hb: Hb, orders: GroupFixture
     page = root.get(f"/admin/groups/group/{g.pk}/change/").content.decode()
     for epoch in ("group_epoch", "assignment_epoch", "metadata_epoch"):
         assert f'name="{epoch}"' not in page  # read-only: shown, never an input
-    assert 'name="heartbeat_interval_ms"' in page and "Assignment matrix" in page
+    assert 'name="heartbeat_interval_ms"' in page
+    assert "Assignment matrix" in page
     # The member summary: live members, view-only, with their liveness.
-    assert 'id="summary-a"' in page and "s ago · alive" in page
+    assert 'id="summary-a"' in page
+    assert "s ago · alive" in page
     assert 'name="members-0-member_id"' not in page
 
     before = (g.group_epoch, g.assignment_epoch, g.metadata_epoch)
@@ -239,22 +242,26 @@ def test_group_config_edit_goes_through_the_service(hb: Hb, orders: GroupFixture
                   group_form(g, heartbeat_interval_ms=2000, group_epoch=99, metadata_epoch=99, name="evil"))
     assert r.status_code == 302, r.content.decode()[:2000]
     g.refresh_from_db()
-    assert g.heartbeat_interval_ms == 2000 and g.name == "g1"
+    assert g.heartbeat_interval_ms == 2000
+    assert g.name == "g1"
     assert (g.group_epoch, g.assignment_epoch, g.metadata_epoch) == (before[0], before[1], before[2] + 1)
     ev = Event.objects.get(kind="config_changed")
-    assert ev.actor == "root" and ev.group == g
+    assert ev.actor == "root"
+    assert ev.group == g
     assert ev.detail == {"heartbeat_interval_ms": {"from": 3000, "to": 2000}, "metadataEpoch": before[2] + 1}
     # R7: the member's metadata is behind now; it gets SYNC_METADATA with the new interval.
-    status, out = hb({"memberId": "a", "memberEpoch": a.epoch, "metadataEpoch": a.metadata_epoch,
+    _status, out = hb({"memberId": "a", "memberEpoch": a.epoch, "metadataEpoch": a.metadata_epoch,
                       "ownedShards": a.owned})
-    assert out["status"] == "SYNC_METADATA" and out["metadata"]["heartbeatIntervalMs"] == 2000
+    assert out["status"] == "SYNC_METADATA"
+    assert out["metadata"]["heartbeatIntervalMs"] == 2000
     assert out["metadata"]["metadataEpoch"] == before[2] + 1
 
     # Saving without changes is a no-op: no epoch bump, no event.
     r = root.post(f"/admin/groups/group/{g.pk}/change/", group_form(g))
     assert r.status_code == 302
     g.refresh_from_db()
-    assert g.metadata_epoch == before[2] + 1 and Event.objects.filter(kind="config_changed").count() == 1
+    assert g.metadata_epoch == before[2] + 1
+    assert Event.objects.filter(kind="config_changed").count() == 1
 
 
 def test_group_config_invalid_values_are_refused_on_the_form(hb: Hb, orders: GroupFixture, root: Client):
@@ -266,7 +273,8 @@ def test_group_config_invalid_values_are_refused_on_the_form(hb: Hb, orders: Gro
         ({"start_position": "middle"}, "Select a valid choice"),
     ):
         r = root.post(f"/admin/groups/group/{g.pk}/change/", group_form(g, **bad))
-        assert r.status_code == 200 and text in r.content.decode(), bad
+        assert r.status_code == 200, bad
+        assert text in r.content.decode(), bad
     g.refresh_from_db()
     assert (g.metadata_epoch, g.session_timeout_ms) == (1, 30_000)
     assert not Event.objects.filter(kind="config_changed").exists()
@@ -304,7 +312,8 @@ def test_group_add_through_admin_uses_create_group(orders: GroupFixture, root: C
     })
     assert r.status_code == 200
     page = r.content.decode()
-    assert "Consumer group with this Name already exists" in page and "session timeout must be longer" in page
+    assert "Consumer group with this Name already exists" in page
+    assert "session timeout must be longer" in page
 
 
 # --- groups: assignment matrix -------------------------------------------------------------------
@@ -326,9 +335,12 @@ def test_matrix_shows_granted_pending_revoking_and_grant_epochs(hb: Hb, orders: 
         # R9 in the picture: where a revokes, b waits; nobody else holds it.
         assert (ca.kind == CellKind.REVOKING) == (cb.kind == CellKind.PENDING)
         assert cb.target == (cb.kind == CellKind.PENDING)
-        assert ca.grant_epoch == 2 and cb.grant_epoch is None
+        assert ca.grant_epoch == 2
+        assert cb.grant_epoch is None
     assert (ra.status, rb.status, ra.revoking, rb.pending) == ("REVOKING", "PENDING", 2, 2)
-    assert m.exclusive and m.phase == "RECONCILING" and ra.liveness == Liveness.ALIVE
+    assert m.exclusive
+    assert m.phase == "RECONCILING"
+    assert ra.liveness == Liveness.ALIVE
     page = root.get(f"/admin/groups/group/{g.pk}/matrix/").content.decode()
     for text in ("granted @2", "revoking @2", "pending", "host-a", "RECONCILING", 'id="member-a"', "joined"):
         assert text in page, text
@@ -339,7 +351,9 @@ def test_matrix_shows_granted_pending_revoking_and_grant_epochs(hb: Hb, orders: 
     assert {c.kind for c in ra.cells + rb.cells} == {CellKind.GRANTED, CellKind.EMPTY}
     assert all((ca.kind == CellKind.GRANTED) != (cb.kind == CellKind.GRANTED) for ca, cb in zip(ra.cells, rb.cells, strict=True))
     assert sorted(c.grant_epoch for c in rb.cells if c.kind == CellKind.GRANTED) == [3, 3]
-    assert m.phase == "STABLE" and m.totals["granted"] == 4 and m.totals["pending"] == 0
+    assert m.phase == "STABLE"
+    assert m.totals["granted"] == 4
+    assert m.totals["pending"] == 0
     assert "granted @3" in root.get(f"/admin/groups/group/{g.pk}/matrix/?refresh=5").content.decode()
 
 
@@ -369,17 +383,23 @@ def test_matrix_and_stream_page_show_resharding(api: Any, root: Client, stream_r
     g = Group.objects.get(name="adm-g")
     m = build_matrix(g, timezone.now())
     status = {c.shard_id: c.status for c in m.columns}
-    assert status["adm-rs:1:0"] == "drained" and status["adm-rs:1:1"] == "sealed"
+    assert status["adm-rs:1:0"] == "drained"
+    assert status["adm-rs:1:1"] == "sealed"
     # Children of the drained parent only: 2:0 and 2:1 have parent 1:0 (2 → 4 splits).
-    assert status["adm-rs:2:0"] == "assigned" and status["adm-rs:2:3"] == "waiting for parents"
+    assert status["adm-rs:2:0"] == "assigned"
+    assert status["adm-rs:2:3"] == "waiting for parents"
     assert m.versions == ((1, 2, True), (2, 4, False))
     page = root.get(f"/admin/groups/group/{g.pk}/matrix/").content.decode()
-    assert "v1 (sealed)" in page and "drained" in page and "waiting for parents" in page
+    assert "v1 (sealed)" in page
+    assert "drained" in page
+    assert "waiting for parents" in page
     stream = Stream.objects.get(name="adm-rs")
     page = root.get(f"/admin/groups/stream/{stream.pk}/change/").content.decode()
-    assert "Draining" in page and "<td>adm-g</td><td>v1</td><td>SEALED</td><td>1 / 2</td>" in page
+    assert "Draining" in page
+    assert "<td>adm-g</td><td>v1</td><td>SEALED</td><td>1 / 2</td>" in page
     listing = root.get("/admin/groups/stream/").content.decode()
-    assert "adm-g v1: 1/2" in listing and "v1 (2, SEALED) → v2 (4, ACTIVE)" in listing
+    assert "adm-g v1: 1/2" in listing
+    assert "v1 (2, SEALED) → v2 (4, ACTIVE)" in listing
 
 
 def test_reshard_action_asks_for_the_count_and_calls_start_reshard(orders: GroupFixture, root: Client,
@@ -391,7 +411,9 @@ def test_reshard_action_asks_for_the_count_and_calls_start_reshard(orders: Group
                                               "apply": "1", "shards": 8})
     assert ShardVersion.objects.filter(stream=stream).count() == 1  # not offered, not run
     r = root.post("/admin/groups/stream/", {"action": "start_reshard_action", "_selected_action": [stream.pk]})
-    assert r.status_code == 200 and "New shard count" in r.content.decode() and "with 4 shards" in r.content.decode()
+    assert r.status_code == 200
+    assert "New shard count" in r.content.decode()
+    assert "with 4 shards" in r.content.decode()
     r = root.post("/admin/groups/stream/", {"action": "start_reshard_action", "_selected_action": [stream.pk],
                                             "apply": "1", "shards": 4}, follow=True)
     assert any("refused" in m and "already has 4 shards" in m for m in messages_of(r))
@@ -414,7 +436,8 @@ def test_member_list_shows_liveness_at_a_glance(orders: GroupFixture, root: Clie
         hb_services.heartbeat("g1", HeartbeatRequest(member_id=mid, member_epoch=0), now - timedelta(seconds=ago))
     page = root.get("/admin/members/member/").content.decode()
     assert re.search(r"rsc-alive\">\d+\.\d s · alive", page)
-    assert "rsc-late" in page and "rsc-expired" in page
+    assert "rsc-late" in page
+    assert "rsc-expired" in page
     for value, expected in (("alive", {"fresh"}), ("late", {"late"}), ("expired", {"gone"})):
         r = root.get(f"/admin/members/member/?liveness={value}")
         assert {m.member_id for m in r.context["cl"].result_list} == expected, value
@@ -431,11 +454,13 @@ def test_fence_requires_the_fence_member_permission(hb: Hb, orders: GroupFixture
     Beat(hb, "a")()
     a = Member.objects.get(member_id="a")
     page = viewer.get("/admin/members/member/").content.decode()
-    assert "fence_members" not in page and "remove_members" not in page
+    assert "fence_members" not in page
+    assert "remove_members" not in page
     for action in ("fence_members", "remove_members"):
         r = _post_action(viewer, action, [a], post="yes")
         # The viewer has no actions at all: the POST is just the list again, nothing runs.
-        assert r.status_code == 200 and 'name="action"' not in r.content.decode()
+        assert r.status_code == 200
+        assert 'name="action"' not in r.content.decode()
         assert "confirm-members" not in r.content.decode()
     a.refresh_from_db()
     assert a.status == "STABLE"
@@ -451,15 +476,19 @@ def test_fence_action_confirms_then_fences_through_the_service(hb: Hb, orders: G
     epoch_before = Group.objects.get(name="g1").group_epoch
 
     page = operator.get("/admin/members/member/").content.decode()
-    assert "fence_members" in page and "remove_members" in page
+    assert "fence_members" in page
+    assert "remove_members" in page
     r = _post_action(operator, "fence_members", rows)
     page = r.content.decode()
-    assert "confirm-members" in page and "Yes, fence 2 members" in page and "not live: will be skipped" in page
+    assert "confirm-members" in page
+    assert "Yes, fence 2 members" in page
+    assert "not live: will be skipped" in page
     assert Member.objects.get(member_id="a").status == "STABLE"  # nothing yet
 
     r = _post_action(operator, "fence_members", rows, post="yes", reason="stuck consumer")
     msgs = messages_of(r)
-    assert "Fenced 1 member: g1/a." in msgs and "Skipped 1 not live: g1/c." in msgs
+    assert "Fenced 1 member: g1/a." in msgs
+    assert "Skipped 1 not live: g1/c." in msgs
     m = Member.objects.get(member_id="a")
     assert (m.status, m.fenced_by, m.fenced_reason) == ("FENCED", "operator", "stuck consumer")
     assert Group.objects.get(name="g1").group_epoch == epoch_before + 1  # one bump (R8)
@@ -468,7 +497,9 @@ def test_fence_action_confirms_then_fences_through_the_service(hb: Hb, orders: G
     assert (ev.member_id, ev.actor, ev.detail["reason"]) == ("a", "operator", "stuck consumer")
     # R8: the fenced member's next heartbeat is FENCED_MEMBER_EPOCH, naming the reason.
     status, out = hb({"memberId": "a", "memberEpoch": a.epoch, "metadataEpoch": 1, "ownedShards": a.owned})
-    assert status == 409 and out["errorCode"] == "FENCED_MEMBER_EPOCH" and "stuck consumer" in out["errorMessage"]
+    assert status == 409
+    assert out["errorCode"] == "FENCED_MEMBER_EPOCH"
+    assert "stuck consumer" in out["errorMessage"]
     # The list shows the fencing status and reason.
     page = operator.get("/admin/members/member/?status__exact=FENCED").content.decode()
     assert "fenced by operator: stuck consumer" in page
@@ -484,7 +515,8 @@ def test_remove_action_makes_the_next_heartbeat_unknown(hb: Hb, orders: GroupFix
     m = Member.objects.get(member_id="a")
     assert (m.status, m.fenced_by, m.fenced_reason) == ("LEFT", "operator", "removed by operator")
     status, out = hb({"memberId": "a", "memberEpoch": a.epoch, "metadataEpoch": 1})
-    assert status == 409 and out["errorCode"] == "UNKNOWN_MEMBER_ID"
+    assert status == 409
+    assert out["errorCode"] == "UNKNOWN_MEMBER_ID"
 
 
 def test_member_page_lists_held_shards_with_grant_epochs(hb: Hb, orders: GroupFixture, root: Client):
@@ -504,9 +536,11 @@ def test_event_log_shows_joins_rebalances_and_fences(hb: Hb, orders: GroupFixtur
     fence_member("g1", "b", reason="bad disk", actor="alice")
     kinds = list(Event.objects.order_by("id").values_list("kind", flat=True))
     # The core emits the rebalance (epoch bump) before the join it was caused by.
-    assert kinds[:4] == ["rebalanced", "joined", "rebalanced", "joined"] and kinds[-2:] == ["fenced", "rebalanced"]
+    assert kinds[:4] == ["rebalanced", "joined", "rebalanced", "joined"]
+    assert kinds[-2:] == ["fenced", "rebalanced"]
     page = root.get("/admin/groups/event/?kind__exact=fenced").content.decode()
-    assert "bad disk" in page and "alice" in page
+    assert "bad disk" in page
+    assert "alice" in page
     r = root.get("/admin/groups/event/?kind__exact=rebalanced")
     assert {e.kind for e in r.context["cl"].result_list} == {"rebalanced"}
     assert "assignmentEpoch=4" in r.content.decode()
@@ -522,7 +556,8 @@ def test_heartbeats_that_change_nothing_write_no_event(hb: Hb, orders: GroupFixt
         # Not eligible for the fast path (a REVOKED duplicate): the locked path through the core.
         status, out = hb({"memberId": "b", "memberEpoch": b.epoch, "metadataEpoch": 1, "ownedShards": b.owned,
                           "revokingShards": [{"shard": a.owned[0], "state": "REVOKED"}]})
-        assert status == 200 and out["status"] == "OK"
+        assert status == 200
+        assert out["status"] == "OK"
     assert Event.objects.count() == count
     assert {m.status for m in Member.objects.all()} == {"STABLE"}
 
@@ -532,5 +567,6 @@ def test_sweep_runs_page_shows_lag(orders: GroupFixture, root: Client):
 
     run_all_sweeps()
     page = root.get("/admin/groups/sweeprun/").content.decode()
-    assert "liveness" in page and "resharding" in page
+    assert "liveness" in page
+    assert "resharding" in page
     assert SweepRun.objects.filter(last_finished_at__isnull=False).count() == 2

@@ -71,7 +71,8 @@ def test_key_scopes_group_produce_admin_over_http(api: APIClient, orders: GroupF
         assert beat(api, orders, key, member="m2").status_code == 403
         assert describe(api, orders, key) == 403
         r = reshard(api, orders, key)
-        assert r.status_code == 403 and r.json()["errorCode"] == "AUTHORIZATION_FAILED"
+        assert r.status_code == 403
+        assert r.json()["errorCode"] == "AUTHORIZATION_FAILED"
         assert "use a stream admin key" in r.json()["errorMessage"]
 
     assert routing(api, orders, orders.admin_key) == 200
@@ -117,10 +118,13 @@ def test_revoke_command_refuses_the_key_and_lists_it_as_revoked(api: APIClient, 
     out = run("revoke_api_key", _prefix(orders.key))
     assert out.startswith(f"revoked {_prefix(orders.key)}")
     r = beat(api, orders, orders.key)
-    assert r.status_code == 401 and r.json()["errorCode"] == "AUTHENTICATION_FAILED"
+    assert r.status_code == 401
+    assert r.json()["errorCode"] == "AUTHENTICATION_FAILED"
     assert _prefix(orders.key) not in run("list_api_keys")
     listed = [line for line in run("list_api_keys", "--all").splitlines() if line.startswith(_prefix(orders.key))]
-    assert len(listed) == 1 and "revoked" in listed[0] and "group g1" in listed[0]
+    assert len(listed) == 1
+    assert "revoked" in listed[0]
+    assert "group g1" in listed[0]
     assert Event.objects.filter(kind="api_key_revoked", group__name="g1").count() == 1
     run("revoke_api_key", _prefix(orders.key))  # idempotent
     assert Event.objects.filter(kind="api_key_revoked").count() == 1
@@ -133,10 +137,13 @@ def test_revoke_command_refuses_the_key_and_lists_it_as_revoked(api: APIClient, 
 def test_rotate_with_grace_keeps_the_old_key_until_it_expires(api: APIClient, orders: GroupFixture):
     out = run("rotate_api_key", _prefix(orders.admin_key), "--grace-seconds", "2").strip().splitlines()
     new = out[-1]
-    assert new.startswith("rsc_") and new != orders.admin_key and "valid until" in out[0]
+    assert new.startswith("rsc_")
+    assert new != orders.admin_key
+    assert "valid until" in out[0]
     assert resolve_api_key(new).role == KeyRole.ADMIN
     expires = ApiKey.objects.get(prefix=_prefix(orders.admin_key)).expires_at
-    assert routing(api, orders, orders.admin_key) == 200 and routing(api, orders, new) == 200
+    assert routing(api, orders, orders.admin_key) == 200
+    assert routing(api, orders, new) == 200
     deadline = time.monotonic() + 10
     while routing(api, orders, orders.admin_key) == 200:
         assert timezone.now() < expires + timedelta(seconds=1.5), "old key still valid past its grace"
@@ -170,7 +177,8 @@ def test_revocation_reaches_every_gunicorn_worker_within_one_second(orders: Grou
             status = http.get(url).status_code
             if sent >= revoked_at + 1.0:
                 late.append(status)
-        assert len(late) >= 10 and set(late) == {401}, late
+        assert len(late) >= 10, late
+        assert set(late) == {401}, late
 
 
 def test_last_used_is_stamped_at_most_once_a_minute(api: APIClient, orders: GroupFixture):
@@ -194,10 +202,12 @@ def test_admin_lists_keys_and_revokes_through_the_service(api: APIClient, orders
     page = client.get("/admin/groups/apikey/").content.decode()
     for column in ("prefix", "scope", "group / stream", "created", "last used", "revoked"):
         assert column in page.lower(), column
-    assert _prefix(orders.key) in page and orders.key not in page
+    assert _prefix(orders.key) in page
+    assert orders.key not in page
     key = ApiKey.objects.get(prefix=_prefix(orders.key))
     r = client.post("/admin/groups/apikey/", {"action": "revoke_keys", "_selected_action": [key.pk]}, follow=True)
-    assert r.status_code == 200 and "Revoked" in r.content.decode()
+    assert r.status_code == 200
+    assert "Revoked" in r.content.decode()
     assert beat(api, orders, orders.key).status_code == 401
     assert Event.objects.get(kind="api_key_revoked").actor == "admin:root"
     viewer = User.objects.create_user("viewer", password="pw-for-tests", is_staff=True)
@@ -211,13 +221,15 @@ def test_admin_lists_keys_and_revokes_through_the_service(api: APIClient, orders
 def test_reshard_beyond_the_shard_cap_is_400_naming_shards(api: APIClient, orders: GroupFixture):
     with override_settings(MAX_SHARDS_PER_STREAM=8):
         r = reshard(api, orders, orders.admin_key, shards=9)
-        assert r.status_code == 400 and r.json()["errorCode"] == "INVALID_REQUEST"
+        assert r.status_code == 400
+        assert r.json()["errorCode"] == "INVALID_REQUEST"
         assert r.json()["errorMessage"].startswith("shards must be a whole number from 1 to 8")
         with pytest.raises(ServiceError, match="from 1 to 8"):
             create_stream("wide", 9)
         assert reshard(api, orders, orders.admin_key, shards=8).status_code == 202
     r = reshard(api, orders, orders.admin_key, shards=1025)  # default cap 1,024
-    assert r.status_code == 400 and r.json()["errorMessage"].startswith("shards must be a whole number from 1 to 1024")
+    assert r.status_code == 400
+    assert r.json()["errorMessage"].startswith("shards must be a whole number from 1 to 1024")
 
 
 # --- cheap refusals -------------------------------------------------------------------------------
@@ -234,7 +246,8 @@ def test_bad_key_costs_one_query_then_none_and_one_log_line(api: APIClient, orde
             assert beat(api, orders, "rsc_not-a-key").status_code == 401
     assert len(again) == 0
     lines = [r for r in caplog.records if "AUTHENTICATION_FAILED" in r.getMessage() or r.name == "django.request"]
-    assert len(lines) == 1 and lines[0].name == "coordinator.heartbeat"
+    assert len(lines) == 1
+    assert lines[0].name == "coordinator.heartbeat"
     assert beat(api, orders, "x" * 5000).status_code == 401  # absurdly long: not even hashed
 
 
@@ -247,7 +260,8 @@ def test_bad_key_on_other_endpoints_logs_one_line_per_period(api: APIClient, ord
         assert routing(api, orders, "rsc_not-a-key") == 401
         assert describe(api, orders, "rsc_not-a-key") == 401
     lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(lines) == 1 and lines[0].getMessage().startswith("API request refused: 401 GET /api/v1/")
+    assert len(lines) == 1
+    assert lines[0].getMessage().startswith("API request refused: 401 GET /api/v1/")
 
 
 @override_settings(JOIN_RATE_PER_KEY=1, JOIN_BURST_PER_KEY=2)
@@ -255,7 +269,8 @@ def test_joins_beyond_the_per_key_rate_get_429_with_retry_after(api: APIClient, 
     assert beat(api, orders, orders.key, member="a").status_code == 200
     assert beat(api, orders, orders.key, member="b").status_code == 200
     r = beat(api, orders, orders.key, member="c")
-    assert r.status_code == 429 and int(r["Retry-After"]) >= 1
+    assert r.status_code == 429
+    assert int(r["Retry-After"]) >= 1
     assert r.json() == {"errorCode": "RATE_LIMITED", "errorMessage": r.json()["errorMessage"], "memberId": "c"}
     assert beat(api, orders, orders.key, member="a", epoch=-1).status_code == 200  # only joins are limited
 

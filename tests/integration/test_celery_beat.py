@@ -83,9 +83,11 @@ def test_l1_beat_expires_a_silent_member_and_its_shards_move_within_session_time
     r = api.post(f"/api/v1/groups/{fx.group}/heartbeat",
                  {"memberId": "a", "memberEpoch": a.epoch, "metadataEpoch": 1, "ownedShards": a.owned},
                  format="json", HTTP_AUTHORIZATION=f"Bearer {fx.key}")
-    assert r.status_code == 409 and r.json()["errorCode"] == "UNKNOWN_MEMBER_ID"
+    assert r.status_code == 409
+    assert r.json()["errorCode"] == "UNKNOWN_MEMBER_ID"
     run = SweepRun.objects.get(name="liveness")
-    assert run.last_finished_at is not None and run.last_finished_at >= expired.created_at - timedelta(seconds=1)
+    assert run.last_finished_at is not None
+    assert run.last_finished_at >= expired.created_at - timedelta(seconds=1)
 
 
 def test_s6_beat_advances_a_reshard_to_stable(celery_beat_worker: CeleryRig, stream_redis: redis.Redis):

@@ -43,7 +43,8 @@ def manage(*args: str) -> subprocess.CompletedProcess[str]:
 def leave(m: Member) -> None:
     r = m.api.post(f"/api/v1/groups/{m.group}/heartbeat", {"memberId": m.member_id, "memberEpoch": -1},
                    format="json", HTTP_AUTHORIZATION=f"Bearer {m.key}")
-    assert r.status_code == 200 and r.json()["memberEpoch"] == -1, r.json()
+    assert r.status_code == 200, r.json()
+    assert r.json()["memberEpoch"] == -1, r.json()
 
 
 @pytest.fixture
@@ -95,7 +96,9 @@ def test_housekeeping_list_and_describe_show_versions_state_and_drain_progress(d
         "hk-g2": {"1": {"drained": 0, "shards": 2}},
     }
     text = run("describe_stream", "hk")
-    assert "v1 drained 1/2" in text and "v1 drained 0/2" in text and "SEALED" in text
+    assert "v1 drained 1/2" in text
+    assert "v1 drained 0/2" in text
+    assert "SEALED" in text
 
 
 def test_housekeeping_delete_group_refused_while_live_then_purges_only_its_own_redis_keys(
@@ -188,9 +191,11 @@ def test_housekeeping_misuse_exits_non_zero_with_one_line_from_the_shell(drainin
     ]:
         done = manage(*args)
         assert done.returncode == 1, done.stderr
-        assert done.stderr.startswith(message) and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert done.stderr.startswith(message), done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert done.stdout == ""
-    assert Group.objects.count() == 2 and Stream.objects.filter(name="hk").exists()
+    assert Group.objects.count() == 2
+    assert Stream.objects.filter(name="hk").exists()
 
 
 def test_restore_raise_epochs_puts_new_grants_above_the_fence_tokens_in_redis(api: APIClient, stream_redis: redis.Redis):
@@ -219,5 +224,5 @@ def test_restore_raise_epochs_puts_new_grants_above_the_fence_tokens_in_redis(ap
     w.settle("hkr-g1")
     assert {m.epoch for m in w.groups["hkr-g1"]} == {58}
     assert "nothing to do" in run("raise_epochs_after_restore", "--group", "hkr-g1")
-    with pytest.raises(CommandError, match="^group 'nope' does not exist$"):
+    with pytest.raises(CommandError, match=r"^group 'nope' does not exist$"):
         run("raise_epochs_after_restore", "--group", "nope")

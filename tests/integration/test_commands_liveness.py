@@ -38,7 +38,9 @@ def test_r8_fence_member_command_fences_with_reason(hb: Hb, capsys: pytest.Captu
     assert Group.objects.get(name="g1").group_epoch == epoch + 1
     assert not m.owned_shards.exists()
     s, r = hb({"memberId": "a", "memberEpoch": body["memberEpoch"], "metadataEpoch": 1})
-    assert s == 409 and r["errorCode"] == "FENCED_MEMBER_EPOCH" and "stuck on shard 3" in r["errorMessage"]
+    assert s == 409
+    assert r["errorCode"] == "FENCED_MEMBER_EPOCH"
+    assert "stuck on shard 3" in r["errorMessage"]
 
 
 def test_r8_remove_member_command_makes_the_next_heartbeat_unknown(hb: Hb, capsys: pytest.CaptureFixture[str]):
@@ -46,9 +48,11 @@ def test_r8_remove_member_command_makes_the_next_heartbeat_unknown(hb: Hb, capsy
     call_command("remove_member", "g1", "a", "--reason", "decommissioned host")
     assert "removed member a from group g1" in capsys.readouterr().out
     ev = Event.objects.get(kind="left", member_id="a")
-    assert ev.detail["reason"] == "decommissioned host" and ev.actor.startswith("cli")
+    assert ev.detail["reason"] == "decommissioned host"
+    assert ev.actor.startswith("cli")
     s, r = hb({"memberId": "a", "memberEpoch": body["memberEpoch"], "metadataEpoch": 1})
-    assert s == 409 and r["errorCode"] == "UNKNOWN_MEMBER_ID"
+    assert s == 409
+    assert r["errorCode"] == "UNKNOWN_MEMBER_ID"
 
 
 @pytest.mark.parametrize("command", ["fence_member", "remove_member"])
@@ -69,9 +73,11 @@ def test_r8_fence_and_remove_refuse_unknown_group_or_member(hb: Hb, command: str
 def test_r8_fence_member_exits_non_zero_for_unknown_group_and_member(hb: Hb):
     hb({"memberId": "a", "memberEpoch": 0})
     proc = manage("fence_member", "nope", "a", "--reason", "x")
-    assert proc.returncode != 0 and "group 'nope' does not exist" in proc.stderr
+    assert proc.returncode != 0
+    assert "group 'nope' does not exist" in proc.stderr
     proc = manage("remove_member", "g1", "zz")
-    assert proc.returncode != 0 and "group 'g1' has no live member 'zz'" in proc.stderr
+    assert proc.returncode != 0
+    assert "group 'g1' has no live member 'zz'" in proc.stderr
     assert Member.objects.get(member_id="a").status == "STABLE"
 
 

@@ -32,11 +32,14 @@ def test_setup_commands_create_stream_group_and_keys():
     stream_key = run("create_api_key", "--stream", "orders").strip().splitlines()[-1]
     assert resolve_api_key(group_key).group == "billing"
     scope = resolve_api_key(stream_key)
-    assert scope.group is None and scope.stream == "orders"
+    assert scope.group is None
+    assert scope.stream == "orders"
     text = run("describe_group", "billing")
-    assert "groupEpoch=1" in text and "no live members" in text
+    assert "groupEpoch=1" in text
+    assert "no live members" in text
     doc = json.loads(run("describe_group", "billing", "--json"))
-    assert doc["state"] == "EMPTY" and doc["members"] == []
+    assert doc["state"] == "EMPTY"
+    assert doc["members"] == []
 
 
 @pytest.mark.parametrize(
@@ -69,4 +72,5 @@ def test_setup_commands_exit_non_zero_from_the_shell():
 
     r = subprocess.run([sys.executable, "manage.py", "create_stream", "x", "--shards", "abc"],
                        capture_output=True, text=True)
-    assert r.returncode != 0 and "invalid int value" in r.stderr
+    assert r.returncode != 0
+    assert "invalid int value" in r.stderr

@@ -47,7 +47,8 @@ def test_wrong_database_answers_503_with_retry_after_and_readyz_names_it(db: Non
         assert_unavailable(httpx.get(f"{server.url}/api/v1/groups/g1",
                                      headers={"Authorization": "Bearer rsc_whatever"}, timeout=30))
         ready = httpx.get(f"{server.url}/readyz", timeout=30)
-        assert ready.status_code == 503 and ready.json()["status"] == "unavailable"
+        assert ready.status_code == 503
+        assert ready.json()["status"] == "unavailable"
         assert ready.json()["checks"]["database"] == "error: OperationalError"
         assert ready.json()["checks"]["redis"] == "ok"
 
@@ -84,5 +85,6 @@ def test_statement_stuck_behind_a_lock_answers_503_after_the_statement_timeout(
         assert elapsed < 5, f"took {elapsed:.1f} s"
         holder.rollback()  # the lock is gone: the member's retry succeeds
         r = httpx.post(url, json=HEARTBEAT_BODY, headers=headers, timeout=10)
-        assert r.status_code == 200 and r.json()["errorCode"] == "NONE"
+        assert r.status_code == 200
+        assert r.json()["errorCode"] == "NONE"
 

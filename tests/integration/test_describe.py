@@ -54,7 +54,9 @@ def test_describe_api_shows_shards_with_lag_pending_dlq_and_totals(api: APIClien
     _converge(hb, "a")
     r = _backlog(fx)
     doc = api.get(fx.url(""), HTTP_AUTHORIZATION=f"Bearer {fx.key}").json()
-    assert doc["redis"]["ok"] is True and doc["redis"]["error"] is None and doc["redis"]["asOf"]
+    assert doc["redis"]["ok"] is True
+    assert doc["redis"]["error"] is None
+    assert doc["redis"]["asOf"]
     assert doc["totals"] == {"lag": 6 + 3, "pending": 3, "dlq": 1}
     shards = {s["shardId"]: s for s in doc["shards"]}
     assert list(shards) == [f"{fx.stream}:1:{i}" for i in range(4)]
@@ -65,8 +67,10 @@ def test_describe_api_shows_shards_with_lag_pending_dlq_and_totals(api: APIClien
     s1 = shards[f"{fx.stream}:1:1"]
     assert (s1["lag"], s1["pending"], s1["lastDeliveredId"]) == (3, 0, None)  # no consumer group yet
     member = doc["members"][0]
-    assert isinstance(member["sinceLastHeartbeatMs"], int) and 0 <= member["sinceLastHeartbeatMs"] < 60_000
-    assert member["instanceId"] is None and member["liveness"] == "alive"
+    assert isinstance(member["sinceLastHeartbeatMs"], int)
+    assert 0 <= member["sinceLastHeartbeatMs"] < 60_000
+    assert member["instanceId"] is None
+    assert member["liveness"] == "alive"
     r.close()
 
 
@@ -77,14 +81,16 @@ def test_describe_api_with_redis_away_is_200_with_null_figures_and_the_reason(ap
         r = api.get(fx.url(""), HTTP_AUTHORIZATION=f"Bearer {fx.key}")
         assert r.status_code == 200
         doc = r.json()
-        assert doc["redis"]["ok"] is False and "ConnectionError" in doc["redis"]["error"]
+        assert doc["redis"]["ok"] is False
+        assert "ConnectionError" in doc["redis"]["error"]
         assert doc["totals"] == {"lag": None, "pending": None, "dlq": None}
         assert all(s["lag"] is None and s["owner"] == "a" for s in doc["shards"])
         text = StringIO()
         call_command("describe_group", fx.group, stdout=text)
         assert "Redis not readable: ConnectionError" in text.getvalue()
         status, body = hb({"memberId": "a", "memberEpoch": doc["members"][0]["memberEpoch"]})
-        assert status == 200 and body["errorCode"] == "NONE"  # heartbeats never need these figures
+        assert status == 200
+        assert body["errorCode"] == "NONE"
 
 
 def test_describe_group_command_prints_shard_and_member_tables(api: APIClient, fx: GroupFixture):
@@ -98,18 +104,22 @@ def test_describe_group_command_prints_shard_and_member_tables(api: APIClient, f
     header = next(line for line in lines if line.startswith("SHARD"))
     assert header.split() == ["SHARD", "STATE", "OWNER", "CLIENT", "LAST-DELIVERED", "LAG", "PENDING", "DLQ"]
     row0 = next(line for line in lines if line.startswith(f"{fx.stream}:1:0 ")).split()
-    assert row0[1:4] == ["granted", "a", "host/a"] and row0[5:] == ["6", "3", "1"]
+    assert row0[1:4] == ["granted", "a", "host/a"]
+    assert row0[5:] == ["6", "3", "1"]
     row1 = next(line for line in lines if line.startswith(f"{fx.stream}:1:1 ")).split()
     assert row1[4:] == ["-", "3", "0", "0"]  # no consumer group yet: no last-delivered ID
     mheader = next(line for line in lines if line.startswith("MEMBER"))
-    assert "SECONDS-SINCE-HEARTBEAT" in mheader and "LIVENESS" in mheader
+    assert "SECONDS-SINCE-HEARTBEAT" in mheader
+    assert "LIVENESS" in mheader
     mrow = next(line for line in lines if line.startswith("a ")).split()
-    assert mrow[-1] == "alive" and float(mrow[-2]) < 60
+    assert mrow[-1] == "alive"
+    assert float(mrow[-2]) < 60
 
     js = StringIO()
     call_command("describe_group", fx.group, "--json", stdout=js)
     doc = json.loads(js.getvalue())
-    assert doc["totals"] == {"lag": 9, "pending": 3, "dlq": 1} and len(doc["shards"]) == 4
+    assert doc["totals"] == {"lag": 9, "pending": 3, "dlq": 1}
+    assert len(doc["shards"]) == 4
 
 
 def test_openapi_schema_lists_members_and_shards_as_arrays(api: APIClient, db: None):

@@ -63,7 +63,9 @@ def test_production_security_settings_switch_on_by_environment():
     assert seen["cookies"] == [True, True]
     off = run_settings(SECURITY_PROBE, SECRET_KEY="k" * 50)
     seen = json.loads(off.stdout.strip().splitlines()[-1])
-    assert seen["redirect"][0] == 200 and seen["hsts"] is None and seen["cookies"] == [False, False]
+    assert seen["redirect"][0] == 200
+    assert seen["hsts"] is None
+    assert seen["cookies"] == [False, False]
 
 
 def _formatted(formatter: logging.Formatter, logger: str, emit: object) -> str:
@@ -88,13 +90,17 @@ def test_control_characters_in_names_never_reach_the_log_raw(orders: GroupFixtur
         HTTP_AUTHORIZATION=f"Bearer {orders.key}"))
     assert "heartbeat rejected INVALID_REQUEST" in out  # a control character is no group name
     lines = out.splitlines()
-    assert len(lines) == 1 and not lines[0].startswith("2026-01-01"), out
-    assert "\x1b" not in out and "\u2028" not in out
+    assert len(lines) == 1, out
+    assert not lines[0].startswith("2026-01-01"), out
+    assert "\x1b" not in out
+    assert "\u2028" not in out
     assert r"g1\n2026-01-01 00:00:00 CRITICAL forged line\x1b[2J\u2028" in out
     # The JSON format escapes them too (json.dumps), message and fields alike.
     out = _formatted(JsonFormatter(), "coordinator.test", lambda: logging.getLogger("coordinator.test").warning(
         "group=%s", FORGED, extra={"group": FORGED}))
-    assert len(out.splitlines()) == 1 and "\x1b" not in out and "\u2028" not in out
+    assert len(out.splitlines()) == 1
+    assert "\x1b" not in out
+    assert "\u2028" not in out
     assert json.loads(out)["group"] == FORGED
 
 
@@ -109,7 +115,8 @@ def test_api_docs_load_swagger_ui_from_local_static_files_not_a_cdn():
     page = c.get("/api/docs/").content.decode()
     assets = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page)
     bundle = [a for a in assets if a.endswith("swagger-ui-bundle.js")]
-    assert bundle and all(a.startswith("/static/drf_spectacular_sidecar/") for a in bundle), assets
+    assert bundle, assets
+    assert all(a.startswith("/static/drf_spectacular_sidecar/") for a in bundle), assets
     assert not re.search(r"https?://", " ".join(assets)), assets
     assert "cdn" not in page.lower()
     assert c.get(bundle[0]).status_code == 200  # and it is served

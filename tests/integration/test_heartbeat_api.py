@@ -20,7 +20,8 @@ def join(hb: Hb, member: str = "m1") -> dict:
 
 def test_r1_join_over_http_returns_full_response(hb: Hb):
     body = join(hb)
-    assert body["errorCode"] == "NONE" and body["errorMessage"] is None
+    assert body["errorCode"] == "NONE"
+    assert body["errorMessage"] is None
     assert body["status"] == "OK"
     assert body["memberEpoch"] == body["assignmentEpoch"] == 2
     assert body["heartbeatIntervalMs"] == 3000
@@ -30,7 +31,9 @@ def test_r1_join_over_http_returns_full_response(hb: Hb):
         "revokingShards": [],
     }
     md = body["metadata"]
-    assert md["metadataEpoch"] == 1 and md["stream"] == "orders" and md["keyPrefix"] == default_key_prefix()
+    assert md["metadataEpoch"] == 1
+    assert md["stream"] == "orders"
+    assert md["keyPrefix"] == default_key_prefix()
     shard = md["versions"][0]["shards"][1]
     assert shard == {
         "shardId": "orders:1:1", "index": 1, "redisKey": f"{default_key_prefix()}:{{orders:1:1}}",
@@ -41,24 +44,30 @@ def test_r1_join_over_http_returns_full_response(hb: Hb):
 def test_r1_two_members_converge_and_db_has_one_owner_per_shard(hb: Hb):
     a = join(hb, "a")
     b = join(hb, "b")
-    assert b["assignment"]["assignedShards"] == [] and len(b["assignment"]["pendingShards"]) == 2
-    s, ra = hb({"memberId": "a", "memberEpoch": a["memberEpoch"], "metadataEpoch": 1,
+    assert b["assignment"]["assignedShards"] == []
+    assert len(b["assignment"]["pendingShards"]) == 2
+    _, ra = hb({"memberId": "a", "memberEpoch": a["memberEpoch"], "metadataEpoch": 1,
                 "ownedShards": a["assignment"]["assignedShards"]})
     assert ra["status"] == "REVOKE_PENDING"
     revoking = ra["assignment"]["revokingShards"]
     kept = ra["assignment"]["assignedShards"]
-    s, ra2 = hb({"memberId": "a", "memberEpoch": ra["memberEpoch"], "metadataEpoch": 1,
+    _, ra2 = hb({"memberId": "a", "memberEpoch": ra["memberEpoch"], "metadataEpoch": 1,
                  "ownedShards": kept, "revokingShards": [{"shard": x, "state": "REVOKED"} for x in revoking]})
-    assert ra2["status"] == "OK" and ra2["memberEpoch"] == 3
-    s, rb = hb({"memberId": "b", "memberEpoch": b["memberEpoch"], "metadataEpoch": 1, "ownedShards": []})
-    assert rb["status"] == "OK" and rb["assignment"]["assignedShards"] == sorted(revoking)
+    assert ra2["status"] == "OK"
+    assert ra2["memberEpoch"] == 3
+    _s, rb = hb({"memberId": "b", "memberEpoch": b["memberEpoch"], "metadataEpoch": 1, "ownedShards": []})
+    assert rb["status"] == "OK"
+    assert rb["assignment"]["assignedShards"] == sorted(revoking)
     owners = list(ShardAssignment.objects.values_list("shard__shard_id", "owner__member_id"))
-    assert len(owners) == 4 and len({s for s, _ in owners}) == 4
+    assert len(owners) == 4
+    assert len({s for s, _ in owners}) == 4
 
 
 def test_r1_join_with_owned_shards_is_409_fenced(hb: Hb):
     s, body = hb({"memberId": "m1", "memberEpoch": 0, "ownedShards": ["orders:1:0"]})
-    assert s == 409 and body["errorCode"] == "FENCED_MEMBER_EPOCH" and body["memberId"] == "m1"
+    assert s == 409
+    assert body["errorCode"] == "FENCED_MEMBER_EPOCH"
+    assert body["memberId"] == "m1"
     assert not Member.objects.exists()
 
 
@@ -67,14 +76,17 @@ def test_r1_group_max_size_reached_is_409(api):
     hb = Hb(api, fx)
     join(hb, "a")
     s, body = hb({"memberId": "b", "memberEpoch": 0})
-    assert s == 409 and body["errorCode"] == "GROUP_MAX_SIZE_REACHED"
+    assert s == 409
+    assert body["errorCode"] == "GROUP_MAX_SIZE_REACHED"
 
 
 def test_r2_leave_is_answered_with_epoch_minus_one_twice(hb: Hb):
     join(hb)
     for _ in range(2):
         s, body = hb({"memberId": "m1", "memberEpoch": -1})
-        assert s == 200 and body["memberEpoch"] == -1 and body["errorCode"] == "NONE"
+        assert s == 200
+        assert body["memberEpoch"] == -1
+        assert body["errorCode"] == "NONE"
     assert ShardAssignment.objects.filter(owner__isnull=False).count() == 0
 
 
@@ -82,7 +94,8 @@ def test_r3_epoch_mismatch_is_409_fenced_and_changes_nothing(hb: Hb):
     body = join(hb)
     before = Member.objects.get().last_heartbeat_at
     s, r = hb({"memberId": "m1", "memberEpoch": body["memberEpoch"] + 1, "metadataEpoch": 1})
-    assert s == 409 and r["errorCode"] == "FENCED_MEMBER_EPOCH"
+    assert s == 409
+    assert r["errorCode"] == "FENCED_MEMBER_EPOCH"
     assert Member.objects.get().last_heartbeat_at == before
 
 
@@ -91,18 +104,24 @@ def test_r4_stale_ownership_is_fenced(hb: Hb):
     join(hb, "b")
     s, r = hb({"memberId": "b", "memberEpoch": 3, "metadataEpoch": 1,
                "ownedShards": [a["assignment"]["assignedShards"][0]]})
-    assert s == 409 and r["errorCode"] == "FENCED_MEMBER_EPOCH" and "stale ownership" in r["errorMessage"]
+    assert s == 409
+    assert r["errorCode"] == "FENCED_MEMBER_EPOCH"
+    assert "stale ownership" in r["errorMessage"]
 
 
 def test_r7_stale_metadata_epoch_gets_sync_metadata_with_full_metadata(hb: Hb):
     body = join(hb)
     s, r = hb({"memberId": "m1", "memberEpoch": body["memberEpoch"], "metadataEpoch": 0})
-    assert s == 200 and r["status"] == "SYNC_METADATA" and "versions" in r["metadata"]
+    assert s == 200
+    assert r["status"] == "SYNC_METADATA"
+    assert "versions" in r["metadata"]
 
 
 def test_r8_unknown_member_is_409_unknown_member_id(hb: Hb):
     s, r = hb({"memberId": "ghost", "memberEpoch": 4, "metadataEpoch": 1})
-    assert s == 409 and r["errorCode"] == "UNKNOWN_MEMBER_ID" and r["memberId"] == "ghost"
+    assert s == 409
+    assert r["errorCode"] == "UNKNOWN_MEMBER_ID"
+    assert r["memberId"] == "ghost"
 
 
 def test_steady_heartbeat_fast_path_matches_core_answer(hb: Hb):
@@ -110,9 +129,11 @@ def test_steady_heartbeat_fast_path_matches_core_answer(hb: Hb):
     req = {"memberId": "m1", "memberEpoch": body["memberEpoch"], "metadataEpoch": 1,
            "ownedShards": body["assignment"]["assignedShards"]}
     s, r = hb(req)
-    assert s == 200 and r["status"] == "OK"
+    assert s == 200
+    assert r["status"] == "OK"
     assert r["assignment"] == body["assignment"]
-    assert r["memberEpoch"] == body["memberEpoch"] and r["metadata"] == {"metadataEpoch": 1}
+    assert r["memberEpoch"] == body["memberEpoch"]
+    assert r["metadata"] == {"metadataEpoch": 1}
     s, r_null = hb({**req, "ownedShards": None})
     assert r_null == r
 
@@ -121,7 +142,7 @@ def test_steady_heartbeat_fast_path_does_not_accept_stale_ownership(hb: Hb):
     a = join(hb, "a")
     b = join(hb, "b")
     # b is PENDING; a claims one more shard than it holds → must still be fenced.
-    s, r = hb({"memberId": "b", "memberEpoch": b["memberEpoch"], "metadataEpoch": 1,
+    _s, r = hb({"memberId": "b", "memberEpoch": b["memberEpoch"], "metadataEpoch": 1,
                "ownedShards": [a["assignment"]["assignedShards"][0]]})
     assert r["errorCode"] == "FENCED_MEMBER_EPOCH"
 
@@ -129,18 +150,21 @@ def test_steady_heartbeat_fast_path_does_not_accept_stale_ownership(hb: Hb):
 def test_group_id_not_found_is_404(api, orders):
     r = api.post("/api/v1/groups/nope/heartbeat", {"memberId": "m", "memberEpoch": 0}, format="json",
                  HTTP_AUTHORIZATION=f"Bearer {orders.key}")
-    assert r.status_code == 404 and r.json()["errorCode"] == "GROUP_ID_NOT_FOUND"
+    assert r.status_code == 404
+    assert r.json()["errorCode"] == "GROUP_ID_NOT_FOUND"
 
 
 def test_auth_missing_unknown_and_other_groups_key(api, orders):
     other = make_group(stream="s2", group="g2")
     body = {"memberId": "m", "memberEpoch": 0}
     r = api.post(orders.url(), body, format="json")
-    assert r.status_code == 401 and r.json()["errorCode"] == "AUTHENTICATION_FAILED"
+    assert r.status_code == 401
+    assert r.json()["errorCode"] == "AUTHENTICATION_FAILED"
     r = api.post(orders.url(), body, format="json", HTTP_AUTHORIZATION="Bearer rsc_nope")
     assert r.status_code == 401
     r = api.post(orders.url(), body, format="json", HTTP_AUTHORIZATION=f"Bearer {other.key}")
-    assert r.status_code == 403 and r.json()["errorCode"] == "AUTHORIZATION_FAILED"
+    assert r.status_code == 403
+    assert r.json()["errorCode"] == "AUTHORIZATION_FAILED"
     r = api.post(orders.url(), body, format="json", HTTP_AUTHORIZATION=f"Bearer {orders.stream_key}")
     assert r.status_code == 403
     r = api.get(orders.url(""), HTTP_AUTHORIZATION=f"Bearer {other.key}")
@@ -192,7 +216,9 @@ def test_invalid_request_is_400_naming_the_field(hb: Hb, body, field):
 @pytest.mark.parametrize("raw", ["{not json", "", "null", "\"str\"", "[]"])
 def test_invalid_request_non_json_or_non_object_body_is_400(hb: Hb, raw):
     s, r = hb(raw, raw=True)
-    assert s == 400 and r["errorCode"] == "INVALID_REQUEST" and r["errorMessage"].startswith("body")
+    assert s == 400
+    assert r["errorCode"] == "INVALID_REQUEST"
+    assert r["errorMessage"].startswith("body")
 
 
 def test_describe_group(api, hb: Hb, orders):
@@ -201,14 +227,18 @@ def test_describe_group(api, hb: Hb, orders):
     r = api.get(orders.url(""), HTTP_AUTHORIZATION=f"Bearer {orders.key}")
     assert r.status_code == 200
     d = r.json()
-    assert d["group"] == "g1" and d["stream"] == "orders" and d["state"] == "RECONCILING"
+    assert d["group"] == "g1"
+    assert d["stream"] == "orders"
+    assert d["state"] == "RECONCILING"
     assert (d["groupEpoch"], d["assignmentEpoch"], d["metadataEpoch"]) == (3, 3, 1)
     a = d["members"][0]
-    assert a["memberId"] == "a" and a["memberEpoch"] == body["memberEpoch"]
+    assert a["memberId"] == "a"
+    assert a["memberEpoch"] == body["memberEpoch"]
     assert set(a) == {"memberId", "instanceId", "clientId", "memberEpoch", "state", "liveness", "assignedShards",
                       "pendingShards", "revokingShards", "targetShards", "lastHeartbeatAt", "sinceLastHeartbeatMs",
                       "expiresInS"}
-    assert len(a["targetShards"]) == 2 and len(a["assignedShards"]) == 4
+    assert len(a["targetShards"]) == 2
+    assert len(a["assignedShards"]) == 4
 
 
 def test_openapi_schema_describes_heartbeat(api, db):
@@ -216,14 +246,16 @@ def test_openapi_schema_describes_heartbeat(api, db):
     assert r.status_code == 200
     schema = r.json() if r["Content-Type"].startswith("application/json") else None
     text = r.content.decode()
-    assert "/api/v1/groups/{group}/heartbeat" in text and "revokingShards" in text
+    assert "/api/v1/groups/{group}/heartbeat" in text
+    assert "revokingShards" in text
     assert schema is None or "HeartbeatRequestRequest" in str(schema) or "HeartbeatRequest" in text
 
 
 def test_healthz_and_readyz(api, db):
     assert api.get("/healthz").status_code == 200
     r = api.get("/readyz")
-    assert r.status_code == 200 and r.json()["checks"]["database"] == "ok"
+    assert r.status_code == 200
+    assert r.json()["checks"]["database"] == "ok"
 
 
 def test_openapi_request_fields_match_the_protocol():
@@ -254,5 +286,7 @@ def test_steady_heartbeat_survives_a_broken_liveness_connection(hb: Hb):
     conn.ensure_connection()
     conn.connection.close()  # psycopg closed underneath Django: the next use fails
     s, r = hb(req)
-    assert s == 200 and r["status"] == "OK" and r["assignment"] == body["assignment"]
+    assert s == 200
+    assert r["status"] == "OK"
+    assert r["assignment"] == body["assignment"]
     assert hb(req)[0] == 200  # and the path recovers with a new connection

@@ -81,7 +81,8 @@ def _nested(depth: int) -> str:
 def test_deeply_nested_json_is_400_not_a_recursion_error(hb: Hb, depth):
     status, body = hb(_nested(depth), raw=True)
     assert status == 400, body
-    assert body["errorCode"] == "INVALID_REQUEST" and body["errorMessage"].startswith("body")
+    assert body["errorCode"] == "INVALID_REQUEST"
+    assert body["errorMessage"].startswith("body")
     assert "nested deeper" in body["errorMessage"]
 
 
@@ -105,9 +106,11 @@ def test_reshard_body_over_the_limit_is_413_and_deep_nesting_400(api: APIClient,
     url = f"/api/v1/streams/{orders.stream}/reshard"
     auth = {"HTTP_AUTHORIZATION": f"Bearer {orders.admin_key}"}
     r = api.generic("POST", url, _too_big(), content_type="application/json", **auth)
-    assert r.status_code == 413 and r.json()["errorCode"] == "INVALID_REQUEST"
+    assert r.status_code == 413
+    assert r.json()["errorCode"] == "INVALID_REQUEST"
     r = api.generic("POST", url, "[" * 1000 + "]" * 1000, content_type="application/json", **auth)
-    assert r.status_code == 400 and "nested deeper" in r.json()["errorMessage"]
+    assert r.status_code == 400
+    assert "nested deeper" in r.json()["errorMessage"]
     assert Stream.objects.get(name=orders.stream).write_version == 1
 
 
@@ -132,28 +135,36 @@ def test_bad_name_in_the_url_is_400_naming_it_on_every_endpoint(
                     HTTP_AUTHORIZATION=f"Bearer {getattr(orders, key)}")
     assert r.status_code == 400, r.content
     doc = r.json()
-    assert doc["errorCode"] == "INVALID_REQUEST" and doc["errorMessage"].startswith(f"{field}: "), doc
-    assert "\x00" not in doc["errorMessage"] and "\n" not in doc["errorMessage"]
+    assert doc["errorCode"] == "INVALID_REQUEST", doc
+    assert doc["errorMessage"].startswith(f"{field}: "), doc
+    assert "\x00" not in doc["errorMessage"]
+    assert "\n" not in doc["errorMessage"]
 
 
 def test_bad_name_without_a_key_is_still_401_first(api: APIClient, orders: GroupFixture):
     r = api.generic("POST", "/api/v1/groups/g%00x/heartbeat", "{}", content_type="application/json")
-    assert r.status_code == 401 and r.json()["errorCode"] == "AUTHENTICATION_FAILED"
+    assert r.status_code == 401
+    assert r.json()["errorCode"] == "AUTHENTICATION_FAILED"
 
 
 # --- issue 12.6: the error body ----------------------------------------------------------------
 def test_error_bodies_carry_only_error_code_message_and_member_id(api: APIClient, hb: Hb, orders: GroupFixture):
     status, body = hb({"memberId": "ghost", "memberEpoch": 4, "metadataEpoch": 1})
     assert status == 409
-    assert set(body) == set(ERROR_FIELDS) and body["memberId"] == "ghost"
+    assert set(body) == set(ERROR_FIELDS)
+    assert body["memberId"] == "ghost"
     status, body = hb({"memberId": "m1", "memberEpoch": "x"})
-    assert status == 400 and set(body) == {"errorCode", "errorMessage"}
+    assert status == 400
+    assert set(body) == {"errorCode", "errorMessage"}
     r = api.post(orders.url(), {"memberId": "m1", "memberEpoch": 0}, format="json")
-    assert r.status_code == 401 and set(r.json()) == {"errorCode", "errorMessage"}
+    assert r.status_code == 401
+    assert set(r.json()) == {"errorCode", "errorMessage"}
     r = api.get("/api/v1/streams/nope/routing", HTTP_AUTHORIZATION=f"Bearer {orders.stream_key}")
-    assert r.status_code == 404 and set(r.json()) == {"errorCode", "errorMessage"}
+    assert r.status_code == 404
+    assert set(r.json()) == {"errorCode", "errorMessage"}
 
 
 def test_accepted_heartbeat_still_carries_every_field(hb: Hb):
     body = _joined(hb)
-    assert set(body) == set(RESPONSE_FIELDS) and set(body["assignment"]) == set(ASSIGNMENT_FIELDS)
+    assert set(body) == set(RESPONSE_FIELDS)
+    assert set(body["assignment"]) == set(ASSIGNMENT_FIELDS)

@@ -27,7 +27,8 @@ def test_l1_sweep_expires_only_silent_members(hb: Hb):
     assert result.expired == {"g1": ["a"]}
     assert services.sweep_liveness(now).count == 0  # L3: idempotent
     s, r = hb({"memberId": "a", "memberEpoch": 3, "metadataEpoch": 1})
-    assert s == 409 and r["errorCode"] == "UNKNOWN_MEMBER_ID"
+    assert s == 409
+    assert r["errorCode"] == "UNKNOWN_MEMBER_ID"
 
 
 def test_r8_operator_fence_then_rejoin(hb: Hb):
@@ -36,9 +37,12 @@ def test_r8_operator_fence_then_rejoin(hb: Hb):
     m = Member.objects.get(member_id="a")
     assert (m.status, m.fenced_reason, m.fenced_by) == ("FENCED", "stuck consumer", "alice")
     s, r = hb({"memberId": "a", "memberEpoch": body["memberEpoch"], "metadataEpoch": 1})
-    assert s == 409 and r["errorCode"] == "FENCED_MEMBER_EPOCH" and "stuck consumer" in r["errorMessage"]
+    assert s == 409
+    assert r["errorCode"] == "FENCED_MEMBER_EPOCH"
+    assert "stuck consumer" in r["errorMessage"]
     s, r = hb({"memberId": "a", "memberEpoch": 0})
-    assert s == 200 and len(r["assignment"]["assignedShards"]) == 4
+    assert s == 200
+    assert len(r["assignment"]["assignedShards"]) == 4
 
 
 def test_fence_unknown_member_or_group_is_a_clear_error(hb: Hb):

@@ -45,7 +45,8 @@ def value(samples: dict, name: str, **labels: str) -> float:
 
 def metrics(client: Client) -> dict:
     r = client.get("/metrics")
-    assert r.status_code == 200 and r["Content-Type"].startswith("text/plain")
+    assert r.status_code == 200
+    assert r["Content-Type"].startswith("text/plain")
     return scrape(r.content.decode())
 
 
@@ -56,8 +57,8 @@ def test_metrics_move_when_heartbeats_arrive(hb: Hb, orders: GroupFixture):
     fenced = value(before, "rsc_heartbeats_total", error_code="FENCED_MEMBER_EPOCH", status="")
     seen = value(before, "rsc_heartbeat_latency_seconds_count")
 
-    s, a = hb({"memberId": "a", "memberEpoch": 0})
-    s, b = hb({"memberId": "b", "memberEpoch": 0})
+    _, a = hb({"memberId": "a", "memberEpoch": 0})
+    _s, _b = hb({"memberId": "b", "memberEpoch": 0})
     hb({"memberId": "a", "memberEpoch": 1})  # wrong epoch: FENCED_MEMBER_EPOCH
     hb({"memberId": "a", "memberEpoch": a["memberEpoch"], "metadataEpoch": 1,
         "ownedShards": a["assignment"]["assignedShards"]})  # REVOKE_PENDING
@@ -117,17 +118,22 @@ def test_metrics_token_when_configured(db: None):
 def test_readyz_checks_database_redis_and_sweep_lag(db: None):
     c = Client()
     r = c.get("/readyz")
-    assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["degraded"] == []
-    assert r.json()["checks"]["database"] == "ok" and r.json()["checks"]["redis"] == "ok"
+    assert r.status_code == 200
+    assert r.json()["status"] == "ok"
+    assert r.json()["degraded"] == []
+    assert r.json()["checks"]["database"] == "ok"
+    assert r.json()["checks"]["redis"] == "ok"
     run_all_sweeps()
     r = c.get("/readyz")
     assert r.status_code == 200
-    assert r.json()["checks"]["sweep:liveness"] == "ok" and r.json()["checks"]["sweep:resharding"] == "ok"
+    assert r.json()["checks"]["sweep:liveness"] == "ok"
+    assert r.json()["checks"]["sweep:resharding"] == "ok"
     # A stalled beat: the last liveness sweep finished long ago (the row as a stalled sweep leaves it).
     # Reported, but the web tier stays ready: heartbeats still work (issue 8.4).
     SweepRun.objects.filter(name="liveness").update(last_finished_at=timezone.now() - timedelta(minutes=5))
     r = c.get("/readyz")
-    assert r.status_code == 200 and r.json()["status"] == "degraded"
+    assert r.status_code == 200
+    assert r.json()["status"] == "degraded"
     assert r.json()["degraded"] == ["sweep:liveness"]
     assert r.json()["checks"]["sweep:liveness"].startswith("lagging: last finished 300 s ago")
 
@@ -136,7 +142,9 @@ def test_readyz_redis_outage_is_degraded_not_unready(db: None):
     with override_settings(REDIS_URL=f"redis://127.0.0.1:{free_port()}/0"):
         started = time.monotonic()
         r = Client().get("/readyz")
-    assert r.status_code == 200 and r.json()["status"] == "degraded" and r.json()["degraded"] == ["redis"]
+    assert r.status_code == 200
+    assert r.json()["status"] == "degraded"
+    assert r.json()["degraded"] == ["redis"]
     assert r.json()["checks"]["redis"].startswith("error: ConnectionError (heartbeats unaffected")
     assert r.json()["checks"]["database"] == "ok"
     assert time.monotonic() - started < 3  # one quick attempt, no retry storm
@@ -145,7 +153,7 @@ def test_readyz_redis_outage_is_degraded_not_unready(db: None):
 # --- logs ------------------------------------------------------------------------------------------
 def test_json_log_line_per_event_and_per_rejected_heartbeat(hb: Hb, orders: GroupFixture, caplog):
     caplog.set_level(logging.INFO)
-    s, a = hb({"memberId": "a", "memberEpoch": 0})
+    _s, a = hb({"memberId": "a", "memberEpoch": 0})
     hb({"memberId": "a", "memberEpoch": a["memberEpoch"], "metadataEpoch": 1})  # steady: no event, no line
     fence_member("g1", "a", reason="stuck", actor="alice")
     hb({"memberId": "a", "memberEpoch": a["memberEpoch"], "metadataEpoch": 1})
@@ -157,14 +165,22 @@ def test_json_log_line_per_event_and_per_rejected_heartbeat(hb: Hb, orders: Grou
     ]
     joined = lines[1]
     # The same fields as the Event row: the join carries the epoch the member was given.
-    assert joined["group"] == "g1" and joined["stream"] == "orders" and joined["memberEpoch"] == a["memberEpoch"] == 2
-    assert joined["groupEpoch"] == 2 and joined["level"] == "INFO"
+    assert joined["group"] == "g1"
+    assert joined["stream"] == "orders"
+    assert joined["memberEpoch"] == a["memberEpoch"] == 2
+    assert joined["groupEpoch"] == 2
+    assert joined["level"] == "INFO"
     fenced = lines[2]
-    assert fenced["memberEpoch"] == 2 and fenced["groupEpoch"] == 2 and lines[3]["assignmentEpoch"] == 3
-    assert "reason=stuck" in fenced["message"] and "actor=alice" in fenced["message"]
+    assert fenced["memberEpoch"] == 2
+    assert fenced["groupEpoch"] == 2
+    assert lines[3]["assignmentEpoch"] == 3
+    assert "reason=stuck" in fenced["message"]
+    assert "actor=alice" in fenced["message"]
     rejected = lines[-1]
-    assert rejected["level"] == "WARNING" and rejected["memberEpoch"] == a["memberEpoch"]
-    assert "FENCED_MEMBER_EPOCH" in rejected["message"] and "stuck" in rejected["message"]
+    assert rejected["level"] == "WARNING"
+    assert rejected["memberEpoch"] == a["memberEpoch"]
+    assert "FENCED_MEMBER_EPOCH" in rejected["message"]
+    assert "stuck" in rejected["message"]
 
 
 # --- several gunicorn workers ----------------------------------------------------------------------

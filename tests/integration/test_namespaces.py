@@ -76,7 +76,8 @@ def test_ns_two_installations_on_one_redis_do_not_see_each_others_keys(
     other = other_installation(tmp_path)
 
     theirs = other["namespace"]
-    assert theirs != mine and theirs.startswith("rsc-")
+    assert theirs != mine
+    assert theirs.startswith("rsc-")
     # Their reshard sealed their version 1, under their prefix; nothing appeared under ours.
     assert stream_redis.exists(*(ShardKeys(f"ns-orders:1:{i}", theirs).sealed for i in range(2))) == 2
     assert list(stream_redis.scan_iter(f"{mine}:*", count=1000)) == []
@@ -84,7 +85,8 @@ def test_ns_two_installations_on_one_redis_do_not_see_each_others_keys(
     assert start_reshard("ns-orders", 4).version == 2
     # Celery: their own queue, exchanges and broker key prefix.
     ours_celery = namespace_settings(installation_namespace())
-    assert ours_celery["task_default_queue"] == mine and other["celery"]["task_default_queue"] == theirs
+    assert ours_celery["task_default_queue"] == mine
+    assert other["celery"]["task_default_queue"] == theirs
     assert ours_celery["broker_transport_options"]["global_keyprefix"] == f"{mine}:"
     assert other["celery"]["broker_transport_options"]["global_keyprefix"] == f"{theirs}:"
     assert ours_celery["control_exchange"] != other["celery"]["control_exchange"]
@@ -97,7 +99,8 @@ def test_ns_a_key_prefix_owned_by_another_installation_is_refused(tmp_path: Path
     with pytest.raises(ServiceError) as refused:
         create_stream("ns-mine", 1, key_prefix="ns-shared-prefix")
     assert str(refused.value).startswith("Redis key prefix 'ns-shared-prefix' belongs to another installation")
-    assert installation_id() in str(refused.value) and other["namespace"] not in str(refused.value)
+    assert installation_id() in str(refused.value)
+    assert other["namespace"] not in str(refused.value)
     assert not Stream.objects.filter(name="ns-mine").exists()
     with pytest.raises(CommandError, match="belongs to another installation"):
         call_command("create_stream", "ns-mine", "--shards", "1", "--key-prefix", "ns-shared-prefix")

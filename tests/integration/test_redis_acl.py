@@ -120,7 +120,8 @@ def test_acl_roles_run_the_library_and_refuse_the_rest(port: int):
                 break
             deadline.wait(0.05)  # poll interval of a deadline loop
         assert admin.xpending(KEYS.stream, "billing")["pending"] == 0  # ACKed through the fence script
-        assert admin.xlen(KEYS.dlq("billing")) == 1 and marker_first == [True]
+        assert admin.xlen(KEYS.dlq("billing")) == 1
+        assert marker_first == [True]
         assert admin.get(KEYS.fence("billing")) is not None
     finally:
         rt.stop(timeout=5.0)

@@ -40,7 +40,7 @@ def test_reset_target_positions(to: str, expected: str):
 
 @pytest.mark.parametrize("to", ["", "soon", "1-2-3", "-5", "99999999999999999999999-0"])
 def test_reset_target_garbage_is_refused_naming_the_field(to: str):
-    with pytest.raises(ServiceError, match="^to: "):
+    with pytest.raises(ServiceError, match=r"^to: "):
         resolve_position(to)
 
 
@@ -92,7 +92,8 @@ def test_dry_run_prints_the_plan_and_changes_nothing(fx: GroupFixture):
         f"  {fx.stream}:1:0: 1002-0 → 1004-0",
         f"  {fx.stream}:1:1: create consumer group at 1004-0",
     ]
-    assert r.xinfo_groups(k0)[0]["last-delivered-id"] == "1002-0" and r.xinfo_groups(k1) == []
+    assert r.xinfo_groups(k0)[0]["last-delivered-id"] == "1002-0"
+    assert r.xinfo_groups(k1) == []
     assert not Event.objects.filter(kind="position_reset").exists()
     with pytest.raises(CommandError, match="is not a live shard"):
         _run(fx.group, "--to", "earliest", "--shard", f"{fx.stream}:9:0")
@@ -109,7 +110,8 @@ def test_reset_applied_when_empty_then_a_consumer_starts_from_the_new_position(
     assert r.xinfo_groups(k0)[0]["last-delivered-id"] == "1004-0"
     assert r.xinfo_groups(k1)[0]["last-delivered-id"] == "1004-0"
     event = Event.objects.get(kind="position_reset", group__name=fx.group)
-    assert event.actor == "ops-test" and event.detail == {"to": "1004-0", "lastDeliveredId": "1004-0", "shards": 2}
+    assert event.actor == "ops-test"
+    assert event.detail == {"to": "1004-0", "lastDeliveredId": "1004-0", "shards": 2}
 
     # Only shard 1, back to the start: shard 0 keeps its new position.
     _run(fx.group, "--to", "earliest", "--shard", f"{fx.stream}:1:1")

@@ -131,7 +131,8 @@ class World:
         """The owner of `parent` read it to the end: report it, then let the group settle."""
         owner = next(m for m in self.groups[group] if parent in m.owned)
         r = owner.beat(drained=(parent,))
-        assert r["status"] == "REVOKE_PENDING" and parent in r["assignment"]["revokingShards"]
+        assert r["status"] == "REVOKE_PENDING"
+        assert parent in r["assignment"]["revokingShards"]
         self.check()
         self.settle(group)
         assert not any(parent in m.owned for m in self.groups[group])
@@ -149,7 +150,8 @@ def start(how: str, api: APIClient, fx: GroupFixture, shards: int) -> None:
         r = api.post(f"/api/v1/streams/{fx.stream}/reshard", {"shards": shards}, format="json",
                      HTTP_AUTHORIZATION=f"Bearer {fx.admin_key}")
         assert r.status_code == 202, r.json()
-        assert r.json()["state"] == "PREPARING" and r.json()["routing"]["writeVersion"] == 2
+        assert r.json()["state"] == "PREPARING"
+        assert r.json()["routing"]["writeVersion"] == 2
     elif how == "command":
         call_command("reshard", fx.stream, "--shards", str(shards))
     else:
@@ -177,13 +179,15 @@ def test_s6_reshard_end_to_end(api: APIClient, stream_redis: redis.Redis, old: i
         assert [lo, hi] == list(hash_range(shard["index"], new))
         expected = [p["shardId"] for p in doc["versions"][0]["shards"]
                     if p["hashRange"][0] < hi and lo < p["hashRange"][1]]
-        assert shard["parents"] == expected and shard["sealKey"] == ShardKeys(shard["shardId"], default_key_prefix()).sealed
+        assert shard["parents"] == expected
+        assert shard["sealKey"] == ShardKeys(shard["shardId"], default_key_prefix()).sealed
     assert describe_group(fx.group)["streamState"] == "PREPARING"
 
     # R7: behind on metadata → SYNC_METADATA with the full document, then OK; no child yet.
     for m in w.members():
         r = m.beat()
-        assert r["status"] == "SYNC_METADATA" and [v["version"] for v in r["metadata"]["versions"]] == [1, 2]
+        assert r["status"] == "SYNC_METADATA"
+        assert [v["version"] for v in r["metadata"]["versions"]] == [1, 2]
         assert m.beat()["status"] == "OK"
     w.check()
     # A drained report before the seal does not count (the shard may still get appends).
@@ -194,12 +198,14 @@ def test_s6_reshard_end_to_end(api: APIClient, stream_redis: redis.Redis, old: i
 
     # §6.2: the sweep seals v: markers in Redis (in each shard's slot), then SEALED, DRAINING.
     result = run_all_sweeps()
-    assert result["resharding"][stream]["sealed"] == [1] and result["resharding"][stream]["state"] == "DRAINING"
+    assert result["resharding"][stream]["sealed"] == [1]
+    assert result["resharding"][stream]["state"] == "DRAINING"
     for sid in v1:
         assert stream_redis.exists(ShardKeys(sid, default_key_prefix()).sealed)
     assert not any(stream_redis.exists(ShardKeys(sid, default_key_prefix()).sealed) for sid in v2)
     doc = routing(api, fx)
-    assert doc["state"] == "DRAINING" and [v["state"] for v in doc["versions"]] == ["SEALED", "ACTIVE"]
+    assert doc["state"] == "DRAINING"
+    assert [v["state"] for v in doc["versions"]] == ["SEALED", "ACTIVE"]
     assert run_all_sweeps()["resharding"][stream] == {"waiting": {"1": {fx.group: old, f"{stream}-g2": old}}}
     for m in w.members():
         assert m.beat()["status"] == "SYNC_METADATA"
@@ -230,11 +236,13 @@ def test_s6_reshard_end_to_end(api: APIClient, stream_redis: redis.Redis, old: i
     assert ShardVersion.objects.get(stream__name=stream, version=1).state == "RETIRED"
     assert not ShardAssignment.objects.filter(shard__version__version=1, group__stream__name=stream).exists()
     doc = routing(api, fx)
-    assert doc["state"] == "STABLE" and [v["version"] for v in doc["versions"]] == [2]
+    assert doc["state"] == "STABLE"
+    assert [v["version"] for v in doc["versions"]] == [2]
     assert describe_group(fx.group)["streamState"] == "STABLE"
     for m in w.members():
         r = m.beat()
-        assert r["status"] == "SYNC_METADATA" and [v["version"] for v in r["metadata"]["versions"]] == [2]
+        assert r["status"] == "SYNC_METADATA"
+        assert [v["version"] for v in r["metadata"]["versions"]] == [2]
         assert m.beat()["status"] == "OK"
     w.settle()
     assert run_all_sweeps()["resharding"] == {}
@@ -247,12 +255,15 @@ def test_s6_sealing_state_is_visible_and_retried_when_redis_is_down(api: APIClie
     start_reshard(fx.stream, 3)
     with override_settings(STREAM_REDIS_URL="redis://127.0.0.1:1/0"):
         result = run_all_sweeps()["resharding"]["rs-down"]
-    assert result["state"] == "SEALING" and "seal markers not written" in result["error"]
+    assert result["state"] == "SEALING"
+    assert "seal markers not written" in result["error"]
     doc = routing(api, fx)
-    assert doc["state"] == "SEALING" and [v["state"] for v in doc["versions"]] == ["ACTIVE", "ACTIVE"]
+    assert doc["state"] == "SEALING"
+    assert [v["state"] for v in doc["versions"]] == ["ACTIVE", "ACTIVE"]
     assert Group.objects.get(name="rs-down-g").metadata_epoch == 2  # only the start raised it
     result = run_all_sweeps()["resharding"]["rs-down"]
-    assert result["state"] == "DRAINING" and result["sealMarkers"] == 2
+    assert result["state"] == "DRAINING"
+    assert result["sealMarkers"] == 2
     assert stream_redis.exists(*(ShardKeys(f"rs-down:1:{i}", default_key_prefix()).sealed for i in range(2))) == 2
     assert Group.objects.get(name="rs-down-g").metadata_epoch == 3
 
@@ -305,7 +316,8 @@ def _member_thread(group: str, member_id: str, stop: threading.Event, errors: li
             if r.error_code != "NONE":
                 errors.append(f"{member_id}: {r.error_code} {r.error_message}")
                 return
-            assert r.assignment is not None and result.metadata is not None
+            assert r.assignment is not None
+            assert result.metadata is not None
             epoch, metadata_epoch = r.member_epoch, result.metadata["metadataEpoch"]
             if "versions" in result.metadata:
                 sealed = {s["shardId"] for v in result.metadata["versions"] if v["state"] == "SEALED"

@@ -94,10 +94,12 @@ def test_s6_reshard_http_errors_name_the_problem(api: APIClient, orders: GroupFi
     assert snapshot() == before
 
     s, r = post(api, "orders", {"shards": 6}, orders.admin_key)
-    assert s == 202 and (r["version"], r["shardCount"], r["state"]) == (2, 6, "PREPARING")
+    assert s == 202
+    assert (r["version"], r["shardCount"], r["state"]) == (2, 6, "PREPARING")
     during = snapshot()
     s, r = post(api, "orders", {"shards": 2}, orders.admin_key)
-    assert (s, r["errorCode"]) == (409, "RESHARD_IN_PROGRESS") and "wait until it is STABLE" in r["errorMessage"]
+    assert (s, r["errorCode"]) == (409, "RESHARD_IN_PROGRESS")
+    assert "wait until it is STABLE" in r["errorMessage"]
     assert snapshot() == during
 
 

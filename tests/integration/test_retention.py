@@ -64,9 +64,12 @@ def test_retention_deletes_old_tombstones_and_keeps_young_ones_and_live_members(
 def test_stale_member_after_retention_gets_unknown_member_id_over_http(history: datetime, hb: Hb, member: str):
     apply_retention(history, tombstone_age=DAY, event_age=timedelta(0))
     status, body = hb({"memberId": member, "memberEpoch": 2, "metadataEpoch": 1, "ownedShards": []})
-    assert status == 409 and body["errorCode"] == "UNKNOWN_MEMBER_ID" and body["memberId"] == member
+    assert status == 409
+    assert body["errorCode"] == "UNKNOWN_MEMBER_ID"
+    assert body["memberId"] == member
     status, body = hb({"memberId": member, "memberEpoch": 0, "ownedShards": []})  # C4: rejoin works
-    assert status == 200 and body["errorCode"] == "NONE"
+    assert status == 200
+    assert body["errorCode"] == "NONE"
 
 
 def test_fenced_tombstone_is_kept_while_its_member_could_still_be_live(orders: GroupFixture, hb: Hb):
@@ -76,7 +79,8 @@ def test_fenced_tombstone_is_kept_while_its_member_could_still_be_live(orders: G
     # Retention age 1 s, but the group's session timeout (30 s) has not passed since f was heard.
     assert apply_retention(now, tombstone_age=timedelta(seconds=1), event_age=timedelta(0))["tombstones"] == 0
     status, body = hb({"memberId": "f", "memberEpoch": 2, "metadataEpoch": 1})
-    assert status == 409 and body["errorCode"] == "FENCED_MEMBER_EPOCH"
+    assert status == 409
+    assert body["errorCode"] == "FENCED_MEMBER_EPOCH"
     later = now + timedelta(seconds=30)
     assert apply_retention(later, tombstone_age=timedelta(seconds=1), event_age=timedelta(0))["tombstones"] == 1
 

@@ -59,7 +59,9 @@ def test_lag_pending_and_dlq_follow_reads_and_acks(r: redis.Redis):
     stats = read_shard_stats(r, "g", shards, prefix)
     s0, s1 = stats["s:1:0"], stats["s:1:1"]
     assert (s0.length, s0.lag, s0.pending, s0.entries_read, s0.dlq_length) == (10, 6, 2, 4, 1)
-    assert s0.last_delivered_id == ids[-1] and s0.lag_source == "xinfo" and s0.lag_exact
+    assert s0.last_delivered_id == ids[-1]
+    assert s0.lag_source == "xinfo"
+    assert s0.lag_exact
     assert (s1.lag, s1.pending, s1.dlq_length, s1.last_delivered_id) == (3, 0, 0, "0-0")
 
 
@@ -82,7 +84,8 @@ def test_null_lag_after_xdel_and_xtrim_falls_back_to_a_bounded_count(r: redis.Re
 
     r.xtrim(key, maxlen=8, approximate=False)  # 8 left, none of them delivered
     s = read_shard_stats(r, "g", ["s:1:0"], prefix)["s:1:0"]
-    assert s.lag == 8 and s.length == 8
+    assert s.lag == 8
+    assert s.length == 8
 
     # Moved back with XGROUP SETID (no ENTRIESREAD): 5 entries after the new position.
     r.xgroup_setid(key, "g", id=ids[14])
@@ -113,7 +116,9 @@ def test_figures_are_cached_per_process_for_the_configured_time(r: redis.Redis):
     with override_settings(SHARD_STATS_CACHE_SECONDS=0, SHARD_STATS_STALE_SECONDS=0):
         _fill(r, key, 1)
         assert shard_stats("g", prefix, ["s:1:0"]).lag == 6
-    assert first.ok and first.error is None and first.lag == 2
+    assert first.ok
+    assert first.error is None
+    assert first.lag == 2
 
 
 def test_stale_figures_are_served_while_one_background_read_refreshes_them(r: redis.Redis):
@@ -134,11 +139,15 @@ def test_redis_away_gives_null_figures_with_a_reason_and_heartbeats_still_work(h
     shardstats.clear_cache()
     with override_settings(STREAM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", SHARD_STATS_SOCKET_TIMEOUT=0.2):
         stats = selectors.group_shard_stats(Group.objects.select_related("stream").get(name=orders.group))
-        assert not stats.ok and "ConnectionError" in (stats.error or "")
-        assert stats.lag is None and stats.pending is None and stats.dlq is None
+        assert not stats.ok
+        assert "ConnectionError" in (stats.error or "")
+        assert stats.lag is None
+        assert stats.pending is None
+        assert stats.dlq is None
         assert stats.shard("orders:1:0").lag is None
         status, body = hb({"memberId": "m1", "memberEpoch": 0})
-        assert status == 200 and body["errorCode"] == "NONE"
+        assert status == 200
+        assert body["errorCode"] == "NONE"
     shardstats.clear_cache()
 
 
@@ -162,7 +171,8 @@ def test_cluster_figures_are_read_per_node(cluster_url: str):  # noqa: F811
             stats = shard_stats("g", prefix, shards)
         assert stats.ok, stats.error
         assert [stats.shard(s).lag for s in shards] == list(range(8))
-        assert stats.pending == 8 and stats.dlq == 8
+        assert stats.pending == 8
+        assert stats.dlq == 8
     finally:
         shardstats.clear_cache()
         rc.close()

@@ -74,7 +74,8 @@ def _join_and_settle(client: httpx.Client, url: str, key: str) -> dict[str, obje
     body = {"memberId": "m1", "memberEpoch": r["memberEpoch"],
             "metadataEpoch": r["metadata"]["metadataEpoch"], "ownedShards": r["assignment"]["assignedShards"]}
     r = client.post(url, json=body, headers=headers).json()
-    assert r["status"] == "OK" and r["errorCode"] == "NONE", r
+    assert r["status"] == "OK", r
+    assert r["errorCode"] == "NONE", r
     return body
 
 

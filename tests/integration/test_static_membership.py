@@ -86,9 +86,11 @@ def test_r2s_without_instance_id_is_400_naming_member_epoch(hb: Hb):
     plain.beat()
     before = rows()
     status, body = plain.send(memberEpoch=-2)
-    assert status == 400 and body["errorCode"] == "INVALID_REQUEST"
+    assert status == 400
+    assert body["errorCode"] == "INVALID_REQUEST"
     assert body["errorMessage"].startswith("memberEpoch"), body["errorMessage"]
-    assert Member.objects.get(member_id="plain").status == "STABLE" and rows() == before
+    assert Member.objects.get(member_id="plain").status == "STABLE"
+    assert rows() == before
 
 
 def test_r2s_then_rejoin_with_the_same_instance_gets_the_same_shards_at_a_higher_grant_epoch(four):
@@ -96,7 +98,9 @@ def test_r2s_then_rejoin_with_the_same_instance_gets_the_same_shards_at_a_higher
     before = rows()
     held = {s for s, (_, owner, _) in before.items() if owner == "m0"}
     status, body = a.send(memberEpoch=-2)
-    assert status == 200 and body["memberEpoch"] == -2 and body["errorCode"] == "NONE"
+    assert status == 200
+    assert body["memberEpoch"] == -2
+    assert body["errorCode"] == "NONE"
     assert Member.objects.get(member_id="m0").status == "TEMPORARILY_LEFT"
     assert rows() == before  # shards and target reserved, nothing recomputed
     for other in (b, c, d):
@@ -104,11 +108,13 @@ def test_r2s_then_rejoin_with_the_same_instance_gets_the_same_shards_at_a_higher
     assert rows() == before  # nobody else got them
     restarted = Static(hb, "m0-restarted", "inst-0")
     out = restarted.beat()
-    assert set(out["assignment"]["assignedShards"]) == held and out["assignment"]["pendingShards"] == []
+    assert set(out["assignment"]["assignedShards"]) == held
+    assert out["assignment"]["pendingShards"] == []
     after = rows()
     for shard, (target, owner, epoch) in before.items():
         if shard in held:
-            assert after[shard][:2] == ("m0-restarted", "m0-restarted") and after[shard][2] > epoch
+            assert after[shard][:2] == ("m0-restarted", "m0-restarted")
+            assert after[shard][2] > epoch
         else:
             assert after[shard] == (target, owner, epoch)  # no other member's assignment changed
     settle([restarted, b, c, d])
@@ -116,18 +122,20 @@ def test_r2s_then_rejoin_with_the_same_instance_gets_the_same_shards_at_a_higher
 
 
 def test_r1s_duplicate_instance_replaces_the_old_member_whose_next_heartbeat_is_unknown(four):
-    hb, (a, b, c, d) = four
+    hb, (a, _b, _c, _d) = four
     held = {s for s, (_, owner, _) in rows().items() if owner == "m0"}
     dup = Static(hb, "m0-duplicate", "inst-0")
     assert set(dup.beat()["assignment"]["assignedShards"]) == held
     status, body = a.send(metadataEpoch=1, ownedShards=a.owned)
-    assert status == 409 and body["errorCode"] == "UNKNOWN_MEMBER_ID" and "replaced" in body["errorMessage"]
+    assert status == 409
+    assert body["errorCode"] == "UNKNOWN_MEMBER_ID"
+    assert "replaced" in body["errorMessage"]
     live = Member.objects.filter(instance_id="inst-0").exclude(status__in=["LEFT", "EXPIRED", "FENCED"])
     assert [m.member_id for m in live] == ["m0-duplicate"]
 
 
 def test_l1s_expiry_of_a_temporarily_left_member_moves_its_shards(four):
-    hb, (a, b, c, d) = four
+    _hb, (_a, b, c, d) = four
     held = {s for s, (_, owner, _) in rows().items() if owner == "m0"}
     # The -2 as if sent 29 s ago, through the same service the view calls (session timeout 30 s).
     left_at = timezone.now() - timedelta(seconds=29)
@@ -142,7 +150,7 @@ def test_l1s_expiry_of_a_temporarily_left_member_moves_its_shards(four):
 
 
 def test_fast_path_never_answers_for_a_temporarily_left_member(four):
-    hb, (a, *_) = four
+    _hb, (a, *_) = four
     req = HeartbeatRequest(member_id="m0", member_epoch=a.epoch, metadata_epoch=1,
                            owned_shards=tuple(a.owned), instance_id="inst-0")
     assert fastpath.eligible(req)
@@ -150,15 +158,17 @@ def test_fast_path_never_answers_for_a_temporarily_left_member(four):
     a.send(memberEpoch=-2)
     assert fastpath.steady_heartbeat("g1", req, timezone.now()) is None
     status, body = a.send(metadataEpoch=1, ownedShards=a.owned)
-    assert status == 409 and body["errorCode"] == "UNKNOWN_MEMBER_ID"
+    assert status == 409
+    assert body["errorCode"] == "UNKNOWN_MEMBER_ID"
 
 
 def test_describe_and_admin_show_instance_id_and_temporary_leave(four):
-    hb, (a, *_) = four
+    _hb, (a, *_) = four
     a.send(memberEpoch=-2)
     doc = describe_group("g1")
     m0 = next(m for m in doc["members"] if m["memberId"] == "m0")
-    assert m0["instanceId"] == "inst-0" and m0["state"] == "TEMPORARILY_LEFT"
+    assert m0["instanceId"] == "inst-0"
+    assert m0["state"] == "TEMPORARILY_LEFT"
     assert 25 <= m0["expiresInS"] <= 30
     assert next(m for m in doc["members"] if m["memberId"] == "m1")["expiresInS"] is None
     admin = Client()

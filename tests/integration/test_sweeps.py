@@ -121,7 +121,8 @@ def test_l2_sweep_fences_a_member_that_never_reports_revoked():
     a = join("l2-g", "a", now)
     b = join("l2-g", "b", now)
     r = beat("l2-g", "a", a.member_epoch, now, owned_shards=a.assignment.assigned)
-    assert r.status == "REVOKE_PENDING" and len(r.assignment.revoking) == 2
+    assert r.status == "REVOKE_PENDING"
+    assert len(r.assignment.revoking) == 2
     # a keeps heartbeating but never reports REVOKED.
     later = now + timedelta(seconds=4)
     beat("l2-g", "a", r.member_epoch, later, owned_shards=r.assignment.assigned + r.assignment.revoking,

@@ -34,7 +34,8 @@ def hb(body: dict) -> dict:
 
 
 a = hb({"memberId": "a", "memberEpoch": 0})
-assert a["status"] == "OK" and len(a["assignment"]["assignedShards"]) == 4, a
+assert a["status"] == "OK", a
+assert len(a["assignment"]["assignedShards"]) == 4, a
 b = hb({"memberId": "b", "memberEpoch": 0})
 assert len(b["assignment"]["pendingShards"]) == 2, b
 ra = hb({"memberId": "a", "memberEpoch": a["memberEpoch"], "metadataEpoch": 1,

@@ -164,7 +164,8 @@ def running_system(run: Callable[..., Run]) -> tuple[Run, dict[int, int]]:
     procs = descendants(r.proc.pid)
     names = {Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
              for p in procs}
-    assert any("gunicorn" in n for n in names) and any(" worker" in n for n in names), names
+    assert any("gunicorn" in n for n in names), names
+    assert any(" worker" in n for n in names), names
     return r, procs
 
 

@@ -21,7 +21,8 @@ def test_quickstart_runs_the_protocol_on_sqlite(tmp_path: Path):
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     finally:  # its seal markers, under that database's own namespace
         delete_namespace_keys(tmp_path / "coordinator.sqlite3", env["REDIS_URL"])
-    assert r.returncode == 0 and "sqlite flow ok" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "sqlite flow ok" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
     journal = subprocess.run(
         [sys.executable, "-c", "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('PRAGMA journal_mode').fetchone()[0])",
          str(tmp_path / "coordinator.sqlite3")], capture_output=True, text=True)

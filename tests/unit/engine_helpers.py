@@ -66,7 +66,8 @@ class Client:
 
     def revoke_all(self, now: datetime = T0) -> HeartbeatResponse:
         """Report every revoking shard REVOKED (in-flight drained)."""
-        assert self.last and self.last.assignment
+        assert self.last
+        assert self.last.assignment
         revoked = tuple(RevokeReport(s, RevokeState.REVOKED) for s in self.last.assignment.revoking)
         self.owned = [s for s in self.owned if s not in self.last.assignment.revoking]
         r = self.send(now, revoking_shards=revoked)

@@ -32,7 +32,7 @@ member_ids = st.one_of(
     st.text(alphabet="abw0123456789-", min_size=1, max_size=4),
 )
 # Realistic "stream:group:n" ids, ids whose natural keys collide ("a:3" vs "a:03") or mix
-# numeric and text segments, and arbitrary text (non-ASCII digits such as "²" or "١").
+# numeric and text segments, and arbitrary text (non-ASCII digits such as "²" or "١").  # noqa: RUF003
 shard_ids = st.one_of(
     st.builds(
         "{}:{}:{}".format,

@@ -36,8 +36,10 @@ def test_control_characters_in_every_shard_list_are_refused_naming_the_entry(bad
 @pytest.mark.parametrize("pattern", [MEMBER_ID_RE, GROUP_NAME_RE, STREAM_NAME_RE, KEY_PREFIX_RE])
 @pytest.mark.parametrize("suffix", ["\n", "\r\n", "\x00"])
 def test_name_patterns_refuse_a_trailing_newline_even_with_match(pattern, suffix):
-    assert pattern.fullmatch("name1") and pattern.match("name1")
-    assert not pattern.fullmatch("name1" + suffix) and not pattern.match("name1" + suffix)
+    assert pattern.fullmatch("name1")
+    assert pattern.match("name1")
+    assert not pattern.fullmatch("name1" + suffix)
+    assert not pattern.match("name1" + suffix)
 
 
 @given(st.integers(min_value=1, max_value=3 * MAX_JSON_DEPTH))

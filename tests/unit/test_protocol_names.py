@@ -47,7 +47,8 @@ def test_member_request_uses_only_protocol_fields_and_the_validator_accepts_it(e
                             client_id="host/pid-1", instance_id="i-1", rebalance_timeout_ms=30_000)
     assert set(req) <= set(REQUEST_FIELDS)
     parsed = parse_heartbeat(req)  # the coordinator's validator takes what the member sends
-    assert parsed.member_epoch == epoch and parsed.instance_id == "i-1"
+    assert parsed.member_epoch == epoch
+    assert parsed.instance_id == "i-1"
     if epoch > 0:
         assert set(req) == set(REQUEST_FIELDS) - {"rebalanceTimeoutMs"}
         assert [(r.shard, r.state) for r in parsed.revoking_shards] == [("s:1:1", RevokeState.REVOKING)]
@@ -60,7 +61,7 @@ def test_validator_names_the_revoke_states_of_the_protocol():
 
 def test_fencing_errors_are_the_409_answers_other_than_a_full_group():
     conflicts = {code for code, status in HTTP_STATUS.items() if status == 409}
-    assert FENCING_ERRORS == conflicts - {ErrorCode.GROUP_MAX_SIZE_REACHED}
+    assert conflicts - {ErrorCode.GROUP_MAX_SIZE_REACHED} == FENCING_ERRORS
 
 
 @pytest.mark.parametrize("decoded", [None, [1, 2], "text", 5])

@@ -116,7 +116,8 @@ def test_s6_drained_report_before_the_seal_is_ignored() -> None:
     c = Client(state, "m")
     c.join()
     c._apply(c.send(drained_shards=("s:1:0",)))
-    assert not state.shards["s:1:0"].drained and "s:2:0" not in engine.s6_assignable(state)
+    assert not state.shards["s:1:0"].drained
+    assert "s:2:0" not in engine.s6_assignable(state)
 
 
 def test_s6_refresh_assignable_recomputes_only_when_the_assignable_set_moved() -> None:
@@ -125,8 +126,10 @@ def test_s6_refresh_assignable_recomputes_only_when_the_assignable_set_moved() -
     c = Client(state, "m")
     c.join()
     epoch = state.group_epoch
-    assert not engine.s6_refresh_assignable(state) and state.group_epoch == epoch
+    assert not engine.s6_refresh_assignable(state)
+    assert state.group_epoch == epoch
     state.shards["s:1:0"].drained = True  # as if loaded so, e.g. a slot repaired under it
     assert engine.s6_refresh_assignable(state)
     assert state.group_epoch == epoch + 1
-    assert state.shards["s:2:0"].target == "m" and state.shards["s:1:0"].target is None
+    assert state.shards["s:2:0"].target == "m"
+    assert state.shards["s:1:0"].target is None

@@ -18,8 +18,9 @@ def test_restore_raise_puts_every_later_grant_above_the_floor_and_lowers_nothing
     before = (state.group_epoch, state.assignment_epoch)
     changed = raise_epochs_above(state, floor)
     assert changed == (before[1] <= floor)
-    assert state.assignment_epoch > floor and state.group_epoch == state.assignment_epoch or not changed
-    assert state.group_epoch >= before[0] and state.assignment_epoch >= before[1]
+    assert (state.assignment_epoch > floor and state.group_epoch == state.assignment_epoch) or not changed
+    assert state.group_epoch >= before[0]
+    assert state.assignment_epoch >= before[1]
     # The restored members are gone (stopped, then left or expired); a new one takes over and
     # is granted every shard at an epoch above every token in Redis.
     for m in members:
@@ -35,4 +36,6 @@ def test_restore_raise_puts_every_later_grant_above_the_floor_and_lowers_nothing
 def test_restore_parse_fence_epoch_reads_grant_epoch_member_tokens_only():
     assert parse_fence_epoch("57:m-1") == 57
     assert parse_fence_epoch("57:m:with:colons") == 57
-    assert parse_fence_epoch("junk") is None and parse_fence_epoch("x:m") is None and parse_fence_epoch(":m") is None
+    assert parse_fence_epoch("junk") is None
+    assert parse_fence_epoch("x:m") is None
+    assert parse_fence_epoch(":m") is None
