@@ -21,8 +21,10 @@ from .protocol import (
     LEAVE_EPOCH,
     TEMPORARY_LEAVE_EPOCH,
     ErrorCode,
+    InstanceReplaced,
     RevokeState,
     Status,
+    instance_replaced_answer,
 )
 from .reconcile import (
     answer_assignment,
@@ -69,6 +71,7 @@ class Membership:
         self.left = False
         self.last_status: str | None = None
         self.last_error: str | None = None
+        self.replaced: InstanceReplaced | None = None  # R1s: a newer process took our instanceId
 
         self._in_flight: dict[str, Any] | None = None
         self._last_sent_ms: int | None = None
@@ -156,6 +159,8 @@ class Membership:
         if http_status == 200 and code == ErrorCode.NONE:
             return self._accept(now_ms, req, body)
         if code in FENCING_ERRORS:
+            if self.instance_id and not self.leaving:  # fatal, like Kafka's FENCED_INSTANCE_ID
+                self.replaced = instance_replaced_answer(body)
             return self._fence(now_ms, f"{code}: {body.get('errorMessage')}")
         # INVALID_REQUEST, auth, GROUP_ID_NOT_FOUND, GROUP_MAX_SIZE_REACHED, ...: nothing in the
         # contract tells the member to drop what it holds; retry later. If it stays like this
@@ -206,20 +211,18 @@ class Membership:
     # ---- fencing, timers -----------------------------------------------------------------
 
     def _fence(self, now_ms: int, reason: str) -> Actions:
-        """C4/C5: stop reading and acking everything, forget ownership, rejoin at epoch 0."""
+        """C4/C5: stop reading and acking everything, forget ownership, rejoin at epoch 0 (or
+        stop for good when a newer incarnation of our instanceId replaced us: R1s)."""
         stopped = sorted(set(self.owned) | set(self.revoking))
-        log.warning(
-            "member %s fenced (%s): aborting %d shards, rejoining at epoch 0",
-            self.member_id,
-            reason,
-            len(stopped),
-        )
+        log.log(logging.ERROR if self.replaced else logging.WARNING,
+                "member %s fenced (%s): aborting %d shards, %s", self.member_id, reason,
+                len(stopped), "stopping" if self.replaced else "rejoining at epoch 0")  # fmt: skip
         self.last_error = reason
         self.owned.clear()
         self.revoking.clear()
         self.drained.clear()
         self.member_epoch = JOIN_EPOCH
-        if self.leaving:
+        if self.leaving or self.replaced:
             self.left = True  # nothing left to leave: the coordinator no longer holds us
             return Actions(abort=stopped, left=True)
         # Rejoin at once, but not in a tight loop if the coordinator keeps fencing the joins.
