@@ -372,3 +372,61 @@ def test_r1s_replaced_while_leaving_just_leaves() -> None:
     assert m.poll(1001) is not None  # in-flight work on s:1:0: a regular heartbeat (REVOKING)
     actions = m.on_response(3, 409, _replaced_body())
     assert actions.left and m.left and m.replaced is None
+
+
+def _static_holding(*shards: str) -> Membership:
+    m = Membership("m-1", instance_id="i-3")
+    m.poll(0)
+    m.on_response(1, 200, _ok(3, list(shards)))
+    return m
+
+
+def test_r1s_static_member_fenced_by_its_token_asks_first_and_stops_if_replaced() -> None:
+    """Its join would replace whoever holds the instanceId now, maybe the newer process whose
+    grants took the token: it asks at its epoch, holding nothing, and learns it was replaced."""
+    m = _static_holding("s:1:0", "s:1:1")
+    actions = m.fence_locally(2, {"s:1:0"}, "fence token taken")
+    assert actions.abort == ["s:1:0", "s:1:1"] and not actions.rejoin and not actions.left
+    ask = m.poll(3)
+    assert ask is not None and ask["memberEpoch"] == 3 and ask["instanceId"] == "i-3"
+    assert ask["ownedShards"] == [] and ask["revokingShards"] == []
+    actions = m.on_response(4, 409, _replaced_body())
+    assert actions.left and actions.abort == [] and m.replaced == InstanceReplaced("i-3", "m-2")
+    assert m.poll(5) is None
+
+
+@pytest.mark.parametrize(("http", "body"), [
+    (409, {"errorCode": "UNKNOWN_MEMBER_ID", "errorMessage": "expired", "memberId": "m-1"}),
+    (409, {"errorCode": "FENCED_MEMBER_EPOCH", "errorMessage": "stale", "memberId": "m-1"}),
+    (200, _ok(3, ["s:1:0", "s:1:1"])),  # still a member: its old grants' tokens may be past
+])
+def test_c5_static_member_that_asked_and_was_not_replaced_rejoins(http: int, body: dict) -> None:
+    m = _static_holding("s:1:0", "s:1:1")
+    m.fence_locally(2, {"s:1:0"}, "fence token taken")
+    m.poll(3)
+    actions = m.on_response(4, http, body)
+    assert actions.rejoin and actions.grant == [] and m.readable == {} and m.replaced is None
+    join = m.poll(5)
+    assert join is not None and join["memberEpoch"] == 0 and join["instanceId"] == "i-3"
+
+
+def test_c5_static_member_asks_again_after_a_lost_or_refused_answer() -> None:
+    m = _static_holding("s:1:0")
+    m.fence_locally(2, {"s:1:0"}, "fence token taken")
+    m.poll(3)
+    m.on_failure(4)
+    m.poll(10_000)
+    m.on_response(10_001, 503, {"errorCode": "COORDINATOR_UNAVAILABLE", "errorMessage": "busy"})
+    again = m.poll(20_000)
+    assert again is not None and again["memberEpoch"] == 3
+    assert m.on_response(20_001, 409, _replaced_body()).left and m.replaced is not None
+
+
+def test_r1s_static_member_whose_session_lapsed_asks_before_rejoining() -> None:
+    m = _static_holding("s:1:0")
+    m.poll(1001)  # unanswered: the session check waits for it
+    m.on_failure(1002)
+    actions = m.check_session(40_000)
+    assert actions.abort == ["s:1:0"] and not actions.rejoin
+    ask = m.poll(40_001)
+    assert ask is not None and ask["memberEpoch"] == 3 and ask["ownedShards"] == []
