@@ -43,6 +43,14 @@ def start_static(world: World, member_id: str, instance_id: str, gate: str | Non
     return world._spawn(member_id, argv, world.env(member_id, **extra))
 
 
+def wait_all_handled(world: World, ledger: Ledger, timeout: float) -> None:
+    def all_handled() -> bool:
+        world.results.poll()
+        return len(world.results.first) >= len(ledger.sent)
+
+    world.wait(all_handled, timeout, "every message handled")
+
+
 def targets() -> dict[str, str | None]:
     return dict(ShardAssignment.objects.values_list("shard__shard_id", "target__instance_id"))
 
@@ -83,11 +91,7 @@ def test_rolling_restart_of_static_members_moves_no_shard_to_another_member(worl
     finally:
         steady.stop()
 
-    def all_handled() -> bool:
-        world.results.poll()
-        return len(world.results.first) >= len(ledger.sent)
-
-    world.wait(all_handled, 60, "every message handled")
+    wait_all_handled(world, ledger, 60)
     world.wait(lambda: world.total_pending() == 0, 30, "no pending entries left")
     world.assert_nothing_lost(ledger)
     world.assert_key_order(ledger)
@@ -127,12 +131,7 @@ def test_crashed_static_member_keeps_its_shards_until_the_session_timeout(world:
     assert time.monotonic() - killed_at >= 3.5  # 4 s session timeout, last heartbeat <= 0.25 s before the kill
     assert Member.objects.get(group__name=world.group, member_id="a").status == "EXPIRED"
     assert set(world.owners().values()) == {"b"} and sorted(world.owners()) == world.shard_ids()
-
-    def all_handled() -> bool:
-        world.results.poll()
-        return len(world.results.first) >= len(ledger.sent)
-
-    world.wait(all_handled, 30, "every message handled")
+    wait_all_handled(world, ledger, 30)
     world.assert_nothing_lost(ledger)
     world.assert_key_order(ledger)
 
@@ -222,11 +221,6 @@ def test_r1s_replaced_member_stops_with_exit_code_2_and_the_newer_keeps_every_sh
     assert Member.objects.get(group__name=world.group, member_id="first").status == "LEFT"
 
     ledger.send(producer, ledger.items([f"k{i}" for i in range(20)], 100, start=200))
-
-    def all_handled() -> bool:
-        world.results.poll()
-        return len(world.results.first) >= len(ledger.sent)
-
-    world.wait(all_handled, 60, "every message handled")
+    wait_all_handled(world, ledger, 60)
     world.wait(lambda: world.total_pending() == 0, 30, "no pending entries left")
     world.assert_nothing_lost(ledger)
