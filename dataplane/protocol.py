@@ -1,5 +1,6 @@
 """The heartbeat protocol's words (PROTOCOL.md §2, §3): field names, ``errorCode`` and
-``status`` values, revocation states, the memberId rule and the special ``memberEpoch`` values.
+``status`` values, revocation states, the memberId rule, the special ``memberEpoch`` values
+and the marker of a member replaced by a newer incarnation of its instanceId (§9 R1s).
 
 The one home of these names for both sides: the member library uses them, and the coordinator
 (``coordination``, the Django apps) imports them from here; this module imports nothing but the
