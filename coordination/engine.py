@@ -30,6 +30,8 @@ from dataplane.protocol import (
     ErrorCode,
     RevokeState,
     Status,
+    instance_replaced,
+    instance_replaced_reason,
 )
 from dataplane.routing import shard_sort_key
 
@@ -164,7 +166,7 @@ def r1s_replace_static_member(
     if old.member_id != req.member_id:
         old.status = MemberStatus.LEFT  # its next heartbeat: UNKNOWN_MEMBER_ID
         old.revocation_deadline = None
-        old.fenced_reason = f"replaced by member {req.member_id!r} with instanceId {req.instance_id!r}"
+        old.fenced_reason = instance_replaced_reason(req.instance_id, req.member_id)
         old.fenced_by = "coordinator"
         state.touch_member(old)
         state.emit("replaced", old, instanceId=req.instance_id, by=req.member_id)
@@ -264,7 +266,15 @@ def r2s_leave_temporarily(
 # --- R8 (the member's side): a removed member is told why -----------------------------------
 def r8_check_not_removed(member: Member | None, req: HeartbeatRequest) -> Rejection | None:
     """R8/L1: a member the group does not hold is UNKNOWN; one the coordinator fenced is FENCED.
-    A temporarily left member (§9) promised to stop: it rejoins with epoch 0 (R1s)."""
+    A temporarily left member (§9) promised to stop: it rejoins with epoch 0 (R1s). One replaced
+    by a newer incarnation of its instanceId (R1s) is told so first thing in the message (the
+    protocol's marker), so that it stops instead of rejoining and replacing the newer one."""
+    if member is not None and not member.live and instance_replaced(member.fenced_reason):
+        return Rejection(
+            ErrorCode.UNKNOWN_MEMBER_ID,
+            f"{member.fenced_reason}; member {req.member_id!r} must stop, not rejoin: a newer"
+            " process holds its instanceId (§9)",
+        )
     if member is None or member.status in (
         MemberStatus.LEFT, MemberStatus.EXPIRED, MemberStatus.TEMPORARILY_LEFT
     ):

@@ -35,6 +35,7 @@ _LAZY = {
     "AuthenticationError": "errors",
     "GroupNotFoundError": "errors",
     "RedisUnavailableError": "errors",
+    "InstanceIdReplaced": "errors",
 }
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "DataplaneError",
     "Grant",
     "GroupNotFoundError",
+    "InstanceIdReplaced",
     "Membership",
     "Message",
     "Producer",
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
         ConfigurationError,
         DataplaneError,
         GroupNotFoundError,
+        InstanceIdReplaced,
         RedisUnavailableError,
     )
     from .membership import Grant, Membership

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from .errors import heartbeat_refusal
+from .errors import InstanceIdReplaced, heartbeat_refusal
 from .membership import Actions, Membership
 from .message import Message
 from .protocol import MEMBER_ID_RE, MEMBER_ID_RULE
@@ -105,11 +105,16 @@ class Consumer:
 
     def run(self) -> None:
         """Join, consume until SIGINT/SIGTERM or stop(), then leave (memberEpoch -1; -2 with an
-        instance id, so its shards wait for its restart)."""
+        instance id, so its shards wait for its restart). Raises :class:`InstanceIdReplaced`
+        when another process joined with this instance id (its shards already aborted)."""
         restore = self._install_signals()
         try:
             self.runtime.start()
             self._loop()
+            replaced = self.machine.replaced
+            if replaced is not None:  # set only for a member with an instance id
+                iid = self.machine.instance_id or ""
+                raise InstanceIdReplaced(iid, self.member_id, replaced.by_member_id)
         finally:
             self.runtime.stop(timeout=5.0)
             self.transport.close()

@@ -4,7 +4,8 @@ A :class:`ConfigurationError` is fatal only before the member's first accepted j
 key, an unknown group or an unreachable Redis at start-up cannot heal by retrying, so
 ``Consumer.run()`` cleans up and raises it. After a successful start the same answers are
 taken as transient (a key rotation, a coordinator being redeployed): logged as warnings and
-retried with backoff.
+retried with backoff. :class:`InstanceIdReplaced` is fatal whenever it comes: another
+process joined with the same instance id (two processes configured alike), and the newest wins.
 """
 
 from __future__ import annotations
@@ -34,6 +35,21 @@ class RedisUnavailableError(ConfigurationError):
     """Redis could not be reached when the consumer started."""
 
 
+class InstanceIdReplaced(ConfigurationError):
+    """Another process joined with this member's instance id and took its place (PROTOCOL.md
+    §9 R1s; Kafka's FENCED_INSTANCE_ID): this one has aborted its shards and stops, rather
+    than rejoining and replacing the newer one in turn."""
+
+    def __init__(self, instance_id: str, member_id: str, by_member_id: str | None) -> None:
+        self.instance_id = instance_id
+        self.member_id = member_id
+        self.by_member_id = by_member_id  # the replacing memberId, when the coordinator said
+        by = f" (member {by_member_id})" if by_member_id else ""
+        super().__init__(
+            f"another process joined with instance id {instance_id}{by}; this one stops"
+        )
+
+
 def heartbeat_refusal(
     group: str, http_status: int, body: dict[str, Any]
 ) -> ConfigurationError | None:
@@ -53,6 +69,7 @@ __all__ = [
     "ConfigurationError",
     "DataplaneError",
     "GroupNotFoundError",
+    "InstanceIdReplaced",
     "RedisUnavailableError",
     "heartbeat_refusal",
 ]

@@ -21,8 +21,10 @@ from .protocol import (
     LEAVE_EPOCH,
     TEMPORARY_LEAVE_EPOCH,
     ErrorCode,
+    InstanceReplaced,
     RevokeState,
     Status,
+    instance_replaced_answer,
 )
 from .reconcile import (
     answer_assignment,
@@ -69,13 +71,14 @@ class Membership:
         self.left = False
         self.last_status: str | None = None
         self.last_error: str | None = None
+        self.replaced: InstanceReplaced | None = None  # R1s: a newer process took our instanceId
 
         self._in_flight: dict[str, Any] | None = None
-        self._last_sent_ms: int | None = None
         self._last_accepted_ms: int | None = None
         self._next_due_ms: int | None = None  # None = send at the first poll
         self._urgent = True  # joining
         self._fences = 0  # fences since the last accepted heartbeat
+        self._asking = False  # a static member fenced itself: ask before rejoining (_fence)
 
     # ---- views ---------------------------------------------------------------------------
 
@@ -128,7 +131,6 @@ class Membership:
                                 instance_id=self.instance_id,
                                 rebalance_timeout_ms=self.rebalance_timeout_ms)  # fmt: skip
         self._in_flight = req
-        self._last_sent_ms = now_ms
         self._urgent = False
         return req
 
@@ -153,16 +155,21 @@ class Membership:
             return Actions(left=True)
         code = body.get("errorCode") or ErrorCode.NONE
         self.last_error = None if code == ErrorCode.NONE else code
+        asking, self._asking = self._asking, False
         if http_status == 200 and code == ErrorCode.NONE:
+            if asking:  # not replaced; our grants' fence tokens may be past, so rejoin anyway
+                return self._fence(now_ms, "still a member after fencing itself")
             return self._accept(now_ms, req, body)
         if code in FENCING_ERRORS:
+            if self.instance_id and not self.leaving:  # fatal, like Kafka's FENCED_INSTANCE_ID
+                self.replaced = instance_replaced_answer(body)
             return self._fence(now_ms, f"{code}: {body.get('errorMessage')}")
-        # INVALID_REQUEST, auth, GROUP_ID_NOT_FOUND, GROUP_MAX_SIZE_REACHED, ...: nothing in the
-        # contract tells the member to drop what it holds; retry later. If it stays like this
-        # past the session timeout, check_session() stops everything. (Before the first join
-        # the Consumer treats auth and unknown group as fatal: errors.heartbeat_refusal.)
+        # INVALID_REQUEST, auth, GROUP_ID_NOT_FOUND, GROUP_MAX_SIZE_REACHED, ...: keep what we
+        # hold and retry; check_session() stops everything past the session timeout. (Before
+        # the first join auth and unknown group are fatal: errors.heartbeat_refusal.)
         msg = body.get("errorMessage")
         log.warning("heartbeat refused: HTTP %s %s: %s (retrying)", http_status, code, msg)
+        self._asking = asking
         self._backoff(now_ms)
         return Actions()
 
@@ -205,21 +212,26 @@ class Membership:
 
     # ---- fencing, timers -----------------------------------------------------------------
 
-    def _fence(self, now_ms: int, reason: str) -> Actions:
-        """C4/C5: stop reading and acking everything, forget ownership, rejoin at epoch 0."""
+    def _fence(self, now_ms: int, reason: str, *, ask: bool = False) -> Actions:
+        """C4/C5: stop reading and acking everything, forget ownership, rejoin at epoch 0; stop
+        for good when a newer incarnation of our instanceId replaced us (R1s). ``ask``: fenced
+        by itself (token taken, session lapsed), a static member's join could replace that newer
+        process, so it first heartbeats at its epoch holding nothing: the answer decides."""
         stopped = sorted(set(self.owned) | set(self.revoking))
-        log.warning(
-            "member %s fenced (%s): aborting %d shards, rejoining at epoch 0",
-            self.member_id,
-            reason,
-            len(stopped),
-        )
+        ask = ask and bool(self.instance_id) and self.member_epoch > 0 and not self.leaving
+        then = "stopping" if self.replaced else "asking the coordinator" if ask else "rejoining"
+        log.log(logging.ERROR if self.replaced else logging.WARNING, "member %s fenced (%s):"
+                " aborting %d shards, %s", self.member_id, reason, len(stopped), then)  # fmt: skip
         self.last_error = reason
         self.owned.clear()
         self.revoking.clear()
         self.drained.clear()
+        if ask:
+            self._asking = self._urgent = True
+            self._last_accepted_ms = None  # no second session check while asking
+            return Actions(abort=stopped)
         self.member_epoch = JOIN_EPOCH
-        if self.leaving:
+        if self.leaving or self.replaced:
             self.left = True  # nothing left to leave: the coordinator no longer holds us
             return Actions(abort=stopped, left=True)
         # Rejoin at once, but not in a tight loop if the coordinator keeps fencing the joins.
@@ -238,7 +250,7 @@ class Membership:
         if not shards & (set(self.owned) | set(self.revoking)):
             log.debug("fence token taken on %s, which we no longer hold", sorted(shards))
             return Actions()
-        return self._fence(now_ms, reason)
+        return self._fence(now_ms, reason, ask=True)
 
     def check_session(self, now_ms: int) -> Actions:
         """No accepted heartbeat for a session timeout: the coordinator has expired us (L1),
@@ -250,7 +262,7 @@ class Membership:
             and now_ms - self._last_accepted_ms > self.session_timeout_ms
         ):
             self._last_accepted_ms = None
-            return self._fence(now_ms, "session timeout without an accepted heartbeat")
+            return self._fence(now_ms, "session timeout without an accepted heartbeat", ask=True)
         return Actions()
 
     def _backoff(self, now_ms: int) -> None:

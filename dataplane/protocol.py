@@ -1,5 +1,6 @@
 """The heartbeat protocol's words (PROTOCOL.md §2, §3): field names, ``errorCode`` and
-``status`` values, revocation states, the memberId rule and the special ``memberEpoch`` values.
+``status`` values, revocation states, the memberId rule, the special ``memberEpoch`` values
+and the marker of a member replaced by a newer incarnation of its instanceId (§9 R1s).
 
 The one home of these names for both sides: the member library uses them, and the coordinator
 (``coordination``, the Django apps) imports them from here; this module imports nothing but the
@@ -9,6 +10,8 @@ standard library. Hash and shard math and Redis key names are in ``routing``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -89,6 +92,52 @@ class RevokeState(StrEnum):
     REVOKED = "REVOKED"  # in-flight reached 0 (C1)
 
 
+# ---- R1s: replaced by a newer incarnation of the instanceId (§9) ------------------------------
+# Kafka answers the old incarnation FENCED_INSTANCE_ID, a fatal error; §9 keeps the code
+# UNKNOWN_MEMBER_ID and the error body has no other field, so the coordinator's errorMessage
+# starts with this marker and a member with an instanceId stops instead of rejoining (C5), which
+# would replace the newer process in turn, forever. Stable: members match it, do not reword it.
+INSTANCE_REPLACED_MARKER = "INSTANCE_ID_REPLACED"
+_INSTANCE_REPLACED_RE = re.compile(
+    rf"\A{INSTANCE_REPLACED_MARKER}: replaced by member '(?P<by>{MEMBER_ID_PATTERN})'"
+    rf" with instanceId '(?P<instance>{MEMBER_ID_PATTERN})'"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceReplaced:
+    """Who took the place of a member replaced by R1s (None where the message does not say)."""
+
+    instance_id: str | None
+    by_member_id: str | None
+
+
+def instance_replaced_reason(instance_id: str, by_member_id: str) -> str:
+    """Why R1s removed a member: starts with the marker, names the instanceId and its new member."""
+    return (
+        f"{INSTANCE_REPLACED_MARKER}: replaced by member {by_member_id!r} with instanceId"
+        f" {instance_id!r}"
+    )
+
+
+def instance_replaced(message: Any) -> InstanceReplaced | None:
+    """The replacement a reason or errorMessage starting with the marker reports, else None."""
+    if not isinstance(message, str) or not message.startswith(INSTANCE_REPLACED_MARKER):
+        return None
+    found = _INSTANCE_REPLACED_RE.match(message)
+    if found is None:  # marked, worded differently: still replaced, details unknown
+        return InstanceReplaced(None, None)
+    return InstanceReplaced(found["instance"], found["by"])
+
+
+def instance_replaced_answer(body: Mapping[str, Any]) -> InstanceReplaced | None:
+    """An error body that says "a newer incarnation of your instanceId replaced you" (R1s):
+    UNKNOWN_MEMBER_ID whose errorMessage starts with the marker."""
+    if body.get("errorCode") != ErrorCode.UNKNOWN_MEMBER_ID:
+        return None
+    return instance_replaced(body.get("errorMessage"))
+
+
 def answer_body(decoded: Any, text: str) -> dict[str, Any]:
     """A decoded answer as a body dict: one that is not a JSON object becomes an
     ``INVALID_RESPONSE`` error carrying the start of the text."""
@@ -102,6 +151,7 @@ __all__ = [
     "ERROR_FIELDS",
     "FENCING_ERRORS",
     "HTTP_STATUS",
+    "INSTANCE_REPLACED_MARKER",
     "JOIN_EPOCH",
     "LEAVE_EPOCH",
     "MEMBER_ID_OPENAPI_PATTERN",
@@ -112,7 +162,11 @@ __all__ = [
     "RESPONSE_FIELDS",
     "TEMPORARY_LEAVE_EPOCH",
     "ErrorCode",
+    "InstanceReplaced",
     "RevokeState",
     "Status",
     "answer_body",
+    "instance_replaced",
+    "instance_replaced_answer",
+    "instance_replaced_reason",
 ]

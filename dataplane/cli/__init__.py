@@ -66,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RedisUnavailableError as exc:  # Consumer.run() before its first join
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    except ConfigurationError as exc:  # refused key or unknown group before the first join
+    except ConfigurationError as exc:  # refused key or unknown group before the first join,
+        # or InstanceIdReplaced (another process joined with our --instance-id) at any time
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except CoordinatorError as exc:

@@ -18,7 +18,9 @@ exit codes:
   {EXIT_FAILED}  failed after a successful start (produce/dlq replay: messages not appended)
   {EXIT_CONFIG}  refused, fix the configuration: bad arguments, bad --handler, API key missing,
      unknown or revoked (HTTP 401) or not for this group/stream (403), unknown group or
-     stream (404), Redis refused the credentials
+     stream (404), Redis refused the credentials; consume: another process joined
+     with the same --instance-id and took this one's place (PROTOCOL §9 R1s), so this one
+     stopped instead of replacing it in turn
   {EXIT_UNREACHABLE}  unreachable at start: the coordinator or Redis cannot be reached
 Errors with exit codes 2 and 3 print one line on stderr, never a traceback. After a
 successful start, transient coordinator/Redis errors are retried with a warning.

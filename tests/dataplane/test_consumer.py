@@ -12,10 +12,12 @@ from dataplane import (
     ConfigurationError,
     Consumer,
     GroupNotFoundError,
+    InstanceIdReplaced,
     Message,
     Producer,
     RedisUnavailableError,
 )
+from dataplane.protocol import instance_replaced_reason
 from dataplane.routing import ShardKeys
 
 from .conftest import routing_doc, version_doc, wait_until
@@ -150,6 +152,48 @@ def test_refusal_before_the_first_join_is_fatal(coordinator, redis_url, status, 
     assert isinstance(raised[0], error)
     assert isinstance(raised[0], ConfigurationError)
     assert len(coordinator.requests) == 1  # no retry loop
+
+
+def test_r1s_replaced_static_consumer_aborts_and_run_raises_instead_of_rejoining(
+    r, prefix, coordinator, redis_url
+) -> None:
+    """§9 R1s: another process joined with our instance id. Kafka's FENCED_INSTANCE_ID is
+    fatal; here the marker in UNKNOWN_MEMBER_ID's message is, after a successful start too."""
+    coordinator.metadata = metadata(prefix)
+    base = coordinator.default_heartbeat
+    state = {"replaced": False}
+
+    def heartbeat(req: dict):
+        if req["memberEpoch"] > 0 and state["replaced"]:
+            message = f"{instance_replaced_reason('billing-3', 'newer')}; stop (§9)"
+            return 409, {"errorCode": "UNKNOWN_MEMBER_ID", "errorMessage": message,
+                         "memberId": req["memberId"]}  # fmt: skip
+        return base(req)
+
+    coordinator.heartbeat = heartbeat
+    c = Consumer(coordinator.url, "g", "k", lambda m: None, redis_url=redis_url,
+                 member_id="older", instance_id="billing-3", block_ms=100)  # fmt: skip
+    t, raised = _run_in_thread(c)
+    try:
+        wait_until(lambda: len(c.machine.readable) == 2, what="joined, both shards read")
+        state["replaced"] = True
+        t.join(15)
+    finally:
+        c.stop()
+        t.join(15)
+    assert not t.is_alive()
+    assert len(raised) == 1, raised
+    assert isinstance(raised[0], InstanceIdReplaced), raised
+    exc = raised[0]
+    assert (exc.instance_id, exc.member_id, exc.by_member_id) == ("billing-3", "older", "newer")
+    assert str(exc) == (
+        "another process joined with instance id billing-3 (member newer); this one stops"
+    )
+    assert c.machine.readable == {}
+    assert c.machine.left
+    # Joined once and never again; no leave either (the coordinator no longer holds it).
+    assert [q["memberEpoch"] for q in coordinator.requests].count(0) == 1
+    assert all(q["memberEpoch"] > 0 for q in coordinator.requests[1:])
 
 
 def test_redis_unreachable_at_start_is_fatal(coordinator) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from dataplane.membership import Actions, Membership
+from dataplane.protocol import InstanceReplaced, instance_replaced_reason
 
 RECORDED = Path(__file__).parent / "recorded"
 
@@ -16,7 +17,7 @@ RECORDED = Path(__file__).parent / "recorded"
 def replay(name: str) -> Membership:
     """Drive a fresh machine through a recorded transcript, checking every expectation."""
     fx = json.loads((RECORDED / f"{name}.json").read_text())
-    m = Membership(fx["memberId"])
+    m = Membership(fx["memberId"], instance_id=fx.get("instanceId"))
     for i, step in enumerate(fx["steps"]):
         where = f"{name} step {i} ({step['op']})"
         op = step["op"]
@@ -64,6 +65,7 @@ def test_recorded_fixtures_are_all_exercised() -> None:
         "c6_reports_only_granted_and_duplicate_revoked",
         "leave",
         "drained_reported_while_owned",
+        "r1s_replaced_instance_stops",
     }
     assert names == tested
 
@@ -322,3 +324,163 @@ def test_member_without_instance_id_sends_none_and_leaves_with_minus_1() -> None
     m.leave()
     assert m.poll(2) == {"memberId": "m-1", "memberEpoch": -1, "metadataEpoch": 1,
                          "ownedShards": [], "revokingShards": [], "drainedShards": []}
+
+
+# ---- R1s (§9): replaced by a newer incarnation of the instanceId --------------------------
+
+
+def _replaced_body(member: str = "m-1", by: str = "m-2", instance: str = "i-3") -> dict[str, Any]:
+    message = (f"{instance_replaced_reason(instance, by)}; member {member!r} must stop, not rejoin:"
+               " a newer process holds its instanceId (§9)")
+    return {"errorCode": "UNKNOWN_MEMBER_ID", "errorMessage": message, "memberId": member}
+
+
+def test_r1s_replaced_static_member_aborts_its_shards_and_stops_instead_of_rejoining() -> None:
+    m = replay("r1s_replaced_instance_stops")
+    assert m.left
+    assert m.member_epoch == 0
+    assert m.owned == {}
+    assert m.revoking == {}
+    assert m.replaced == InstanceReplaced("billing-3", "m-2")
+    assert m.check_session(10**9) == Actions()  # nothing held, nothing to fence again
+
+
+def test_r1s_replaced_static_member_aborts_revoking_shards_too() -> None:
+    """C4: nothing it holds may be acked, shards still being revoked included."""
+    m = Membership("m-1", instance_id="billing-3")
+    m.poll(0)
+    m.on_response(1, 200, _ok(3, ["s:1:0", "s:1:1"]))
+    m.poll(3001)
+    m.on_response(3002, 200, _ok(3, ["s:1:0"]))  # s:1:1 revoking, in flight
+    assert m.revoking_in_progress == ["s:1:1"]
+    m.poll(6002)
+    actions = m.on_response(6003, 409, _replaced_body())
+    assert actions.abort == ["s:1:0", "s:1:1"]
+    assert actions.left
+    assert not actions.rejoin
+    assert m.poll(6004) is None
+    assert m.poll(60_000) is None
+
+
+def test_r1s_marker_without_instance_id_keeps_the_c5_rejoin() -> None:
+    """Only a member with an instanceId can have been replaced by R1s: any other rejoins."""
+    m = Membership("m-1")
+    m.poll(0)
+    m.on_response(1, 200, _ok(3, ["s:1:0"]))
+    m.poll(3001)
+    actions = m.on_response(3002, 409, _replaced_body())
+    assert actions.rejoin
+    assert not actions.left
+    assert m.replaced is None
+    assert (m.poll(3003) or {}).get("memberEpoch") == 0
+
+
+@pytest.mark.parametrize("message", [
+    "member 'm-1' is not in the group (expired); rejoin with memberEpoch 0",
+    "member 'm-1' is not in the group (left: removed by operator); rejoin with memberEpoch 0",
+    "member 'm-1' is not in the group (never joined); rejoin with memberEpoch 0",
+    None,
+])
+def test_c5_static_member_unknown_without_the_r1s_marker_rejoins(message: str | None) -> None:
+    m = Membership("m-1", instance_id="billing-3")
+    m.poll(0)
+    m.on_response(1, 200, _ok(3, ["s:1:0"]))
+    m.poll(3001)
+    body = {"errorCode": "UNKNOWN_MEMBER_ID", "errorMessage": message, "memberId": "m-1"}
+    actions = m.on_response(3002, 409, body)
+    assert actions.rejoin
+    assert actions.abort == ["s:1:0"]
+    assert not m.left
+    assert m.replaced is None
+    join = m.poll(3003)
+    assert join is not None
+    assert join["memberEpoch"] == 0
+    assert join["instanceId"] == "billing-3"
+
+
+def test_r1s_replaced_while_leaving_just_leaves() -> None:
+    """Stopping anyway (SIGTERM): being replaced meanwhile is no failure of this process."""
+    m = Membership("m-1", instance_id="billing-3")
+    m.poll(0)
+    m.on_response(1, 200, _ok(3, ["s:1:0"]))
+    m.leave()
+    assert m.poll(1001) is not None  # in-flight work on s:1:0: a regular heartbeat (REVOKING)
+    actions = m.on_response(3, 409, _replaced_body())
+    assert actions.left
+    assert m.left
+    assert m.replaced is None
+
+
+def _static_holding(*shards: str) -> Membership:
+    m = Membership("m-1", instance_id="i-3")
+    m.poll(0)
+    m.on_response(1, 200, _ok(3, list(shards)))
+    return m
+
+
+def test_r1s_static_member_fenced_by_its_token_asks_first_and_stops_if_replaced() -> None:
+    """Its join would replace whoever holds the instanceId now, maybe the newer process whose
+    grants took the token: it asks at its epoch, holding nothing, and learns it was replaced."""
+    m = _static_holding("s:1:0", "s:1:1")
+    actions = m.fence_locally(2, {"s:1:0"}, "fence token taken")
+    assert actions.abort == ["s:1:0", "s:1:1"]
+    assert not actions.rejoin
+    assert not actions.left
+    ask = m.poll(3)
+    assert ask is not None
+    assert ask["memberEpoch"] == 3
+    assert ask["instanceId"] == "i-3"
+    assert ask["ownedShards"] == []
+    assert ask["revokingShards"] == []
+    actions = m.on_response(4, 409, _replaced_body())
+    assert actions.left
+    assert actions.abort == []
+    assert m.replaced == InstanceReplaced("i-3", "m-2")
+    assert m.poll(5) is None
+
+
+@pytest.mark.parametrize(("http", "body"), [
+    (409, {"errorCode": "UNKNOWN_MEMBER_ID", "errorMessage": "expired", "memberId": "m-1"}),
+    (409, {"errorCode": "FENCED_MEMBER_EPOCH", "errorMessage": "stale", "memberId": "m-1"}),
+    (200, _ok(3, ["s:1:0", "s:1:1"])),  # still a member: its old grants' tokens may be past
+])
+def test_c5_static_member_that_asked_and_was_not_replaced_rejoins(http: int, body: dict) -> None:
+    m = _static_holding("s:1:0", "s:1:1")
+    m.fence_locally(2, {"s:1:0"}, "fence token taken")
+    m.poll(3)
+    actions = m.on_response(4, http, body)
+    assert actions.rejoin
+    assert actions.grant == []
+    assert m.readable == {}
+    assert m.replaced is None
+    join = m.poll(5)
+    assert join is not None
+    assert join["memberEpoch"] == 0
+    assert join["instanceId"] == "i-3"
+
+
+def test_c5_static_member_asks_again_after_a_lost_or_refused_answer() -> None:
+    m = _static_holding("s:1:0")
+    m.fence_locally(2, {"s:1:0"}, "fence token taken")
+    m.poll(3)
+    m.on_failure(4)
+    m.poll(10_000)
+    m.on_response(10_001, 503, {"errorCode": "COORDINATOR_UNAVAILABLE", "errorMessage": "busy"})
+    again = m.poll(20_000)
+    assert again is not None
+    assert again["memberEpoch"] == 3
+    assert m.on_response(20_001, 409, _replaced_body()).left
+    assert m.replaced is not None
+
+
+def test_r1s_static_member_whose_session_lapsed_asks_before_rejoining() -> None:
+    m = _static_holding("s:1:0")
+    m.poll(1001)  # unanswered: the session check waits for it
+    m.on_failure(1002)
+    actions = m.check_session(40_000)
+    assert actions.abort == ["s:1:0"]
+    assert not actions.rejoin
+    ask = m.poll(40_001)
+    assert ask is not None
+    assert ask["memberEpoch"] == 3
+    assert ask["ownedShards"] == []

@@ -5,7 +5,9 @@ the real coordinator (gunicorn on PostgreSQL) and real Redis.
   to another member, loses nothing and keeps per-key order;
 - a crashed (SIGKILL) static member's shards wait for its session timeout, then move;
 - a duplicate instance replaces the old member, and the old one's late ACK is refused by the
-  fence token.
+  fence token;
+- two live processes with one instance id do not replace each other forever: the older one is
+  told so (R1s marker), exits with code 2 and one line, the newer keeps every shard.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import signal
 import sys
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -38,6 +41,14 @@ def start_static(world: World, member_id: str, instance_id: str, gate: str | Non
     ]
     extra = {"E2E_GATE": gate} if gate else {}
     return world._spawn(member_id, argv, world.env(member_id, **extra))
+
+
+def wait_all_handled(world: World, ledger: Ledger, timeout: float) -> None:
+    def all_handled() -> bool:
+        world.results.poll()
+        return len(world.results.first) >= len(ledger.sent)
+
+    world.wait(all_handled, timeout, "every message handled")
 
 
 def targets() -> dict[str, str | None]:
@@ -80,11 +91,7 @@ def test_rolling_restart_of_static_members_moves_no_shard_to_another_member(worl
     finally:
         steady.stop()
 
-    def all_handled() -> bool:
-        world.results.poll()
-        return len(world.results.first) >= len(ledger.sent)
-
-    world.wait(all_handled, 60, "every message handled")
+    wait_all_handled(world, ledger, 60)
     world.wait(lambda: world.total_pending() == 0, 30, "no pending entries left")
     world.assert_nothing_lost(ledger)
     world.assert_key_order(ledger)
@@ -126,12 +133,7 @@ def test_crashed_static_member_keeps_its_shards_until_the_session_timeout(world:
     assert Member.objects.get(group__name=world.group, member_id="a").status == "EXPIRED"
     assert set(world.owners().values()) == {"b"}
     assert sorted(world.owners()) == world.shard_ids()
-
-    def all_handled() -> bool:
-        world.results.poll()
-        return len(world.results.first) >= len(ledger.sent)
-
-    world.wait(all_handled, 30, "every message handled")
+    wait_all_handled(world, ledger, 30)
     world.assert_nothing_lost(ledger)
     world.assert_key_order(ledger)
 
@@ -179,12 +181,53 @@ def test_duplicate_instance_replaces_the_old_member_whose_late_ack_is_refused(wo
     world.results.poll()
     assert any(rec.member == "old" for rec in world.results.of(gated))  # it did handle it, late
     assert gated.id in world.pending_ids(gated.shard, "dup"), "old's stale ACK went through"
-    # Two live processes with one instanceId would keep replacing each other: end the old one.
-    world.members["old"].proc.kill()
-    world.members["old"].proc.wait(10)
-    # More than one "go": if old's rejoin replaced dup for a moment before the kill, dup's
-    # handling was aborted and the gated message comes round again after dup's own rejoin.
-    world.r.rpush(gates["dup"], *["go"] * 5)
+    # Once the coordinator answers again, old learns it was replaced (R1s) and stops for good
+    # instead of rejoining (which would replace dup in turn).
+    # Consumer.run() raises InstanceIdReplaced (this runner leaves it uncaught: exit 1).
+    world.wait(lambda: world.members["old"].proc.poll() is not None, 30, "old stopped")
+    assert world.members["old"].proc.returncode == 1, world.diag()
+    assert ("InstanceIdReplaced: another process joined with instance id inst-0 (member dup)"
+            in world.members["old"].log_text()), world.diag()
+    world.r.rpush(gates["dup"], *["go"] * 5)  # spare ones: each gated handling takes one
     world.wait(lambda: world.stable_with({"dup", "other"}), 60, "dup and other STABLE")
+    world.wait(lambda: world.total_pending() == 0, 30, "no pending entries left")
+    world.assert_nothing_lost(ledger)
+
+
+def test_r1s_replaced_member_stops_with_exit_code_2_and_the_newer_keeps_every_shard(world: World) -> None:
+    """Two live CLI consumers with one --instance-id (Kafka: FENCED_INSTANCE_ID, the newest
+    wins). Without the R1s marker the older would rejoin, replace the newer, and so on."""
+    world.create(4, heartbeat_interval_ms=250, session_timeout_ms=60_000, rebalance_timeout_ms=60_000)
+    first = world.start_cli_member("first", "--instance-id", "inst-0")
+    world.wait(lambda: world.stable_with({"first"}), 30, "first STABLE with every shard")
+    ledger = Ledger()
+    producer = world.producer()
+    ledger.send(producer, ledger.items([f"k{i}" for i in range(20)], 200))
+
+    world.start_cli_member("second", "--instance-id", "inst-0")
+    world.wait(lambda: first.proc.poll() is not None, 30, "first stopped")
+    assert first.proc.returncode == 2, world.diag()
+    log = first.log_text()
+    assert "error: another process joined with instance id inst-0 (member second); this one stops" in log
+    assert "Traceback" not in log, log
+    doc = world.wait(lambda: world.stable_with({"second"}), 30, "second STABLE with every shard")
+    assert sorted(world.owners()) == world.shard_ids()
+    assert set(world.owners().values()) == {"second"}
+
+    # The group's epoch stops rising: second heartbeats on for 2 s (8 intervals, seen by the
+    # coordinator) and nothing rejoins, replaces or rebalances meanwhile.
+    seen = Member.objects.get(group__name=world.group, member_id="second").last_heartbeat_at
+    world.wait(lambda: Member.objects.get(group__name=world.group, member_id="second")
+               .last_heartbeat_at >= seen + timedelta(seconds=2), 30, "second heartbeating 2 s on")
+    assert world.stable_with({"second"}) is not None
+    assert world.describe()["groupEpoch"] == doc["groupEpoch"]
+    kinds = list(Event.objects.filter(group__name=world.group).values_list("kind", flat=True))
+    assert kinds.count("joined") == 2, kinds
+    assert kinds.count("replaced") == 1, kinds
+    assert "rejoined" not in kinds, kinds
+    assert Member.objects.get(group__name=world.group, member_id="first").status == "LEFT"
+
+    ledger.send(producer, ledger.items([f"k{i}" for i in range(20)], 100, start=200))
+    wait_all_handled(world, ledger, 60)
     world.wait(lambda: world.total_pending() == 0, 30, "no pending entries left")
     world.assert_nothing_lost(ledger)

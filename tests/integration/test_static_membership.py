@@ -15,6 +15,12 @@ from assignments import fastpath
 from assignments.models import ShardAssignment
 from assignments.services import heartbeat as heartbeat_service
 from coordination.model import HeartbeatRequest
+from dataplane.protocol import (
+    ERROR_FIELDS,
+    INSTANCE_REPLACED_MARKER,
+    InstanceReplaced,
+    instance_replaced_answer,
+)
 from groups.describe import describe_group
 from members.models import Member
 from members.services import sweep_liveness
@@ -132,6 +138,29 @@ def test_r1s_duplicate_instance_replaces_the_old_member_whose_next_heartbeat_is_
     assert "replaced" in body["errorMessage"]
     live = Member.objects.filter(instance_id="inst-0").exclude(status__in=["LEFT", "EXPIRED", "FENCED"])
     assert [m.member_id for m in live] == ["m0-duplicate"]
+
+
+def test_r1s_replaced_members_next_heartbeat_carries_the_marker_and_an_expired_ones_does_not(four):
+    """§9 keeps UNKNOWN_MEMBER_ID for the replaced member; the protocol's marker first in its
+    errorMessage tells its data plane to stop rather than rejoin (and replace the new one)."""
+    hb, (a, b, _c, _d) = four
+    Static(hb, "m0-duplicate", "inst-0").beat()
+    status, body = a.send(metadataEpoch=1, ownedShards=a.owned)
+    assert status == 409
+    assert body["errorCode"] == "UNKNOWN_MEMBER_ID"
+    assert body["memberId"] == "m0"
+    assert body["errorMessage"].startswith(INSTANCE_REPLACED_MARKER), body["errorMessage"]
+    assert instance_replaced_answer(body) == InstanceReplaced("inst-0", "m0-duplicate")
+    assert {k for k, v in body.items() if v is not None} <= set(ERROR_FIELDS)
+
+    # Expired (L1) and never joined: UNKNOWN_MEMBER_ID without the marker, so C5's rejoin holds.
+    assert "m1" in sweep_liveness(timezone.now() + timedelta(seconds=31)).expired["g1"]
+    for member in (b, Static(hb, "stranger", "inst-9")):
+        member.epoch = 3
+        status, body = member.send(metadataEpoch=1, ownedShards=[])
+        assert status == 409, body
+        assert body["errorCode"] == "UNKNOWN_MEMBER_ID", body
+        assert instance_replaced_answer(body) is None, body["errorMessage"]
 
 
 def test_l1s_expiry_of_a_temporarily_left_member_moves_its_shards(four):

@@ -12,7 +12,13 @@ from coordination.model import (
     MemberStatus,
     RevokeReport,
 )
-from dataplane.protocol import RevokeState
+from dataplane.protocol import (
+    INSTANCE_REPLACED_MARKER,
+    ErrorCode,
+    InstanceReplaced,
+    RevokeState,
+    instance_replaced,
+)
 
 from .engine_helpers import Client, at, group_with, make_group, settle
 
@@ -478,6 +484,24 @@ def test_r1s_duplicate_instance_replaces_the_live_member():
     assert "replaced" in stale.error_message
     assert {mid: set(state.target_of(mid)) for mid in others} == others
     assert [m.member_id for m in state.live_members() if m.instance_id == "inst-0"] == ["m0-duplicate"]
+
+
+def test_r1s_replaced_member_is_told_so_by_the_marker_and_an_expired_one_is_not():
+    """The old incarnation's UNKNOWN_MEMBER_ID starts with the protocol's marker, naming the
+    instanceId and the new memberId, so its data plane stops instead of rejoining (C5)."""
+    state, (a, b, c, _d) = _static_group()
+    Client(state, "m0-duplicate", instance_id="inst-0").join(at(2))
+    stale = a.beat(at(3))
+    assert stale.error_code == ErrorCode.UNKNOWN_MEMBER_ID
+    assert stale.error_message.startswith(INSTANCE_REPLACED_MARKER)
+    assert instance_replaced(stale.error_message) == InstanceReplaced("inst-0", "m0-duplicate")
+    b.send(at(4), member_epoch=-1)
+    assert "m2" in engine.l1_expire_silent_members(state, at(100))
+    assert state.members["m2"].status == MemberStatus.EXPIRED
+    for member in (b, c, Client(state, "stranger")):  # left, expired, never joined: no marker
+        r = member.send(at(101), member_epoch=3)
+        assert r.error_code == ErrorCode.UNKNOWN_MEMBER_ID
+        assert instance_replaced(r.error_message) is None
 
 
 def test_r1s_same_member_id_rejoin_fences_its_stale_epoch():

@@ -12,13 +12,18 @@ from dataplane.heartbeat import heartbeat_request
 from dataplane.protocol import (
     FENCING_ERRORS,
     HTTP_STATUS,
+    INSTANCE_REPLACED_MARKER,
     JOIN_EPOCH,
     LEAVE_EPOCH,
     REQUEST_FIELDS,
     TEMPORARY_LEAVE_EPOCH,
     ErrorCode,
+    InstanceReplaced,
     RevokeState,
     answer_body,
+    instance_replaced,
+    instance_replaced_answer,
+    instance_replaced_reason,
 )
 from dataplane.routing import parse_shard_id, shard_id, shard_sort_key
 
@@ -77,3 +82,33 @@ def test_shard_ids_round_trip_and_sort_naturally():
     assert sorted(ids, key=shard_sort_key) == [
         "my:stream:2:1", "my:stream:2:9", "my:stream:2:10", "my:stream:10:1", "my:stream:10:9", "my:stream:10:10",
     ]
+
+
+# ---- the R1s marker (§9): "replaced by a newer incarnation of your instanceId" ---------------
+
+
+def test_r1s_replaced_reason_starts_with_the_marker_and_names_instance_and_new_member():
+    reason = instance_replaced_reason("billing-3", "host-7-881-a1b2c3")
+    assert reason.startswith(INSTANCE_REPLACED_MARKER)
+    assert instance_replaced(reason) == InstanceReplaced("billing-3", "host-7-881-a1b2c3")
+    body = {"errorCode": "UNKNOWN_MEMBER_ID", "errorMessage": f"{reason}; stop", "memberId": "m"}
+    assert instance_replaced_answer(body) == InstanceReplaced("billing-3", "host-7-881-a1b2c3")
+
+
+def test_r1s_marker_reworded_after_it_still_means_replaced_without_details():
+    body = {"errorCode": "UNKNOWN_MEMBER_ID", "errorMessage": f"{INSTANCE_REPLACED_MARKER}: gone"}
+    assert instance_replaced_answer(body) == InstanceReplaced(None, None)
+
+
+@pytest.mark.parametrize("body", [
+    {"errorCode": "UNKNOWN_MEMBER_ID", "errorMessage": "member 'm' is not in the group (expired); rejoin"},
+    {"errorCode": "UNKNOWN_MEMBER_ID", "errorMessage": "member 'm' is not in the group (left: removed by operator)"},
+    {"errorCode": "UNKNOWN_MEMBER_ID", "errorMessage": None},
+    {"errorCode": "UNKNOWN_MEMBER_ID"},
+    {"errorCode": "UNKNOWN_MEMBER_ID", "errorMessage": 7},
+    # Only UNKNOWN_MEMBER_ID carries it (§9); the marker anywhere but first does not count.
+    {"errorCode": "FENCED_MEMBER_EPOCH", "errorMessage": instance_replaced_reason("i", "m")},
+    {"errorCode": "UNKNOWN_MEMBER_ID", "errorMessage": "x " + instance_replaced_reason("i", "m")},
+])
+def test_r1s_marker_absent_means_not_replaced(body):
+    assert instance_replaced_answer(body) is None
