@@ -71,6 +71,7 @@ WITH me AS (
        AND m.{_c(MemberRow, "status")} = %s
        AND m.{_c(MemberRow, "member_epoch")} = %s
        AND g.{_c(Group, "assignment_epoch")} = m.{_c(MemberRow, "member_epoch")}
+       AND g.{_c(Group, "group_epoch")} = g.{_c(Group, "assignment_epoch")}  -- no deferred recompute (R1b)
        AND g.{_c(Group, "metadata_epoch")} = %s
 ), granted AS (
     SELECT COALESCE(array_agg(s.{_c(Shard, "shard_id")}::text

@@ -58,7 +58,7 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> Heartbea
             )
         if snapshots_enabled():
             state, loaded = load_for_heartbeat(group, req.member_id)
-        elif engine.needs_full_state(req):
+        elif engine.needs_full_state(req, group.rebalance_due_at, now):
             state, loaded = load_state(group, also_members=(req.member_id,))
         else:
             claimed = (req.owned_shards or ()) + tuple(r.shard for r in req.revoking_shards)

@@ -243,6 +243,9 @@ def load_state(
         heartbeat_interval_ms=group.heartbeat_interval_ms,
         session_timeout_ms=group.session_timeout_ms,
         rebalance_timeout_ms=group.rebalance_timeout_ms,
+        rebalance_window_ms=rebalance_window_ms(),
+        rebalanced_at=group.rebalanced_at,
+        rebalance_due_at=group.rebalance_due_at,
         members=members,
         shards=shards,
         partial=only_member is not None,
@@ -286,6 +289,11 @@ class Snapshot:
 _snapshots: OrderedDict[int, Snapshot] = OrderedDict()
 _snapshots_lock = threading.Lock()
 _SNAPSHOT_GROUPS = 64  # groups per process; the least recently used snapshot goes first
+
+
+def rebalance_window_ms() -> int:
+    """Join batching's window (`RSC_REBALANCE_WINDOW_MS`, engine.r1b_defer_rebalance)."""
+    return int(getattr(settings, "RSC_REBALANCE_WINDOW_MS", 1000))
 
 
 def snapshots_enabled() -> bool:
@@ -414,6 +422,9 @@ def load_for_heartbeat(group: Group, member_id: str | None) -> tuple[GroupState,
         state.heartbeat_interval_ms = group.heartbeat_interval_ms
         state.session_timeout_ms = group.session_timeout_ms
         state.rebalance_timeout_ms = group.rebalance_timeout_ms
+        state.rebalance_window_ms = rebalance_window_ms()
+        state.rebalanced_at = group.rebalanced_at
+        state.rebalance_due_at = group.rebalance_due_at
         state.changes = Changes()
         snap.loaded.group = group
 
@@ -460,8 +471,11 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
     group.state_version = version
     group.group_epoch = state.group_epoch
     group.assignment_epoch = state.assignment_epoch
+    group.rebalanced_at = state.rebalanced_at
+    group.rebalance_due_at = state.rebalance_due_at
     Group.objects.filter(pk=group.pk).update(
-        group_epoch=state.group_epoch, assignment_epoch=state.assignment_epoch, state_version=version
+        group_epoch=state.group_epoch, assignment_epoch=state.assignment_epoch, state_version=version,
+        rebalanced_at=state.rebalanced_at, rebalance_due_at=state.rebalance_due_at,
     )
     if version % ANALYZE_EVERY == 0 and connection.vendor == "postgresql":
         transaction.on_commit(_analyze_hot_tables)

@@ -1,0 +1,82 @@
+"""R1b join batching against real PostgreSQL: joins within the window are answered at once with an
+empty assignment and assigned by one recompute at the first locked heartbeat or sweep after
+it; the steady path never answers for a group whose recompute waits."""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from assignments import fastpath, store
+from assignments.services import describe_group, response_body
+from assignments.services import heartbeat as heartbeat_service
+from coordination.model import HeartbeatRequest
+from groups.models import Event, Group
+from members.services import sweep_liveness
+
+from .conftest import Hb
+
+pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
+
+WINDOW = override_settings(RSC_REBALANCE_WINDOW_MS=1000)
+
+
+def beat(member_id: str, epoch: int, now: Any, owned: tuple[str, ...] = ()) -> dict[str, Any]:
+    req = HeartbeatRequest(member_id=member_id, member_epoch=epoch, metadata_epoch=1, owned_shards=owned)
+    result = heartbeat_service("g1", req, now)
+    assert result.response.error_code == "NONE", result.response
+    return response_body(result)
+
+
+def rebalanced() -> int:
+    return Event.objects.filter(group__name="g1", kind="rebalanced").count()
+
+
+@WINDOW
+def test_r1b_joins_in_one_window_are_assigned_by_one_recompute(hb: Hb):
+    t0 = timezone.now()
+    status, first = hb({"memberId": "m0", "memberEpoch": 0, "ownedShards": []})
+    assert status == 200 and first["status"] == "OK" and first["memberEpoch"] == 1
+    assert first["assignment"] == {"assignedShards": [], "pendingShards": [], "revokingShards": []}
+    assert first["metadata"]["metadataEpoch"] == 1  # a join still gets the full metadata
+    late = [beat(f"m{i}", 0, t0 + timedelta(milliseconds=100 * i)) for i in (1, 2, 3)]
+    assert all(r["assignment"]["pendingShards"] == [] for r in late) and rebalanced() == 0
+    assert describe_group("g1")["state"] == "ASSIGNING"
+    due = Group.objects.get(name="g1").rebalance_due_at
+    assert due is not None and t0 + timedelta(seconds=1) <= due <= timezone.now() + timedelta(seconds=1)
+    out = beat("m1", 1, due)  # the first locked heartbeat at the due time assigns all four
+    assert rebalanced() == 1 and out["memberEpoch"] == out["assignmentEpoch"] == 5
+    assert len(out["assignment"]["assignedShards"]) == 1
+    after = [beat(f"m{i}", 1, due + timedelta(milliseconds=10)) for i in (0, 2, 3)]
+    assert all(len(r["assignment"]["assignedShards"]) == 1 for r in after)
+    assert describe_group("g1")["state"] == "STABLE" and rebalanced() == 1
+
+
+@WINDOW
+def test_r1b_steady_path_never_answers_while_a_recompute_waits(hb: Hb):
+    t0 = timezone.now() - timedelta(seconds=10)
+    beat("m0", 0, t0)
+    out = beat("m0", 1, t0 + timedelta(seconds=1))  # assigned: all four shards
+    owned = tuple(out["assignment"]["assignedShards"])
+    assert len(owned) == 4
+    beat("m1", 0, t0 + timedelta(seconds=1.5))  # within the window: waits
+    store.forget_snapshots()  # the statement path, not the cached core answer
+    req = HeartbeatRequest(member_id="m0", member_epoch=out["memberEpoch"], metadata_epoch=1, owned_shards=owned)
+    assert fastpath.steady_heartbeat("g1", req, t0 + timedelta(seconds=3)) is None
+    result = heartbeat_service("g1", req, t0 + timedelta(seconds=3))
+    assert result.path == "locked" and result.response.status == "REVOKE_PENDING"
+
+
+@WINDOW
+def test_r1b_sweep_runs_a_due_recompute_nobody_heartbeats_for(hb: Hb):
+    t0 = timezone.now() - timedelta(seconds=10)
+    beat("m0", 0, t0)
+    assert Group.objects.get(name="g1").rebalance_due_at is not None
+    sweep_liveness(t0 + timedelta(seconds=0.5))
+    assert rebalanced() == 0
+    sweep_liveness(t0 + timedelta(seconds=1))
+    g = Group.objects.get(name="g1")
+    assert rebalanced() == 1 and g.rebalance_due_at is None and g.assignment_epoch == g.group_epoch
