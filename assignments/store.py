@@ -169,6 +169,10 @@ def _reports(cursor: object, group: Group, member_ids: list[str]) -> dict[str, l
 
 
 _MEMBER_SQL = f"SELECT {', '.join(_MEMBER_COLUMNS)} FROM {MemberRow._meta.db_table} WHERE group_id = %s"
+_MEMBER_WITH_REPORT_SQL = (
+    f"SELECT {', '.join(_MEMBER_COLUMNS)}, last_reported_owned FROM {MemberRow._meta.db_table}"
+    " WHERE group_id = %s AND member_id = %s"
+)
 _SLOT_SQL = (
     "SELECT id, shard_id, owner_id, revoking, grant_epoch, target_id, drained_at"
     f" FROM {ShardAssignment._meta.db_table} WHERE group_id = %s"
@@ -408,12 +412,14 @@ def load_for_heartbeat(group: Group, member_id: str | None) -> tuple[GroupState,
         # are written by the lock-free steady path, which does not raise the version.
         if member_id is not None:
             with connection.cursor() as cursor:
-                cursor.execute(_MEMBER_SQL + " AND member_id = %s", [group.pk, member_id])
-                row = cursor.fetchone()
-                if row is not None:
-                    _put_member(snap, row, _reports(cursor, group, [member_id]), keep=True)
-                else:
-                    _drop_member(snap, member_id)
+                cursor.execute(_MEMBER_WITH_REPORT_SQL, [group.pk, member_id])
+                found = cursor.fetchone()
+            if found is not None:
+                row, owned = found[:-1], found[-1]
+                report = owned if isinstance(owned, list) else json.loads(owned or "[]")
+                _put_member(snap, row, {member_id: report}, keep=True)
+            else:
+                _drop_member(snap, member_id)
         state = snap.state
         state.group_epoch = group.group_epoch
         state.assignment_epoch = group.assignment_epoch
@@ -473,10 +479,14 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
     group.assignment_epoch = state.assignment_epoch
     group.rebalanced_at = state.rebalanced_at
     group.rebalance_due_at = state.rebalance_due_at
-    Group.objects.filter(pk=group.pk).update(
-        group_epoch=state.group_epoch, assignment_epoch=state.assignment_epoch, state_version=version,
-        rebalanced_at=state.rebalanced_at, rebalance_due_at=state.rebalance_due_at,
-    )
+    adapt = connection.ops.adapt_datetimefield_value  # SQLite: naive UTC text
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Group._meta.db_table} SET group_epoch = %s, assignment_epoch = %s,"
+            " state_version = %s, rebalanced_at = %s, rebalance_due_at = %s WHERE id = %s",
+            [state.group_epoch, state.assignment_epoch, version, adapt(state.rebalanced_at),
+             adapt(state.rebalance_due_at), group.pk],
+        )
     if version % ANALYZE_EVERY == 0 and connection.vendor == "postgresql":
         transaction.on_commit(_analyze_hot_tables)
     # Removed members first: a replacement (§9 R1s) takes over the old one's instanceId, which
@@ -532,13 +542,33 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
                 connection.ops.adapt_datetimefield_value(drained_at),  # SQLite: naive UTC text
                 version, loaded.slot_pk[shard_id],
             ))
-        with connection.cursor() as cursor:
-            cursor.executemany(
-                f"UPDATE {ShardAssignment._meta.db_table} SET owner_id = %s, revoking = %s,"
-                " grant_epoch = %s, target_id = %s, drained_at = %s, state_version = %s WHERE id = %s",
-                rows,
-            )
+        _write_slots(rows)
     _save_events(state, loaded, actor)
+
+
+def _write_slots(rows: list[tuple]) -> None:
+    """(owner, revoking, grant epoch, target, drained at, version, row id) per changed slot: one
+    statement on PostgreSQL (a recompute may move thousands of targets), plain UPDATEs
+    elsewhere. Django's bulk_update builds a CASE per field and row, slower than either."""
+    table = ShardAssignment._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            columns = list(zip(*rows, strict=True))
+            cursor.execute(
+                f"UPDATE {table} AS a SET owner_id = v.owner_id, revoking = v.revoking,"
+                " grant_epoch = v.grant_epoch, target_id = v.target_id, drained_at = v.drained_at,"
+                " state_version = v.state_version FROM unnest(%s::bigint[], %s::boolean[],"
+                " %s::integer[], %s::bigint[], %s::timestamptz[], %s::bigint[], %s::bigint[])"
+                " AS v(owner_id, revoking, grant_epoch, target_id, drained_at, state_version, id)"
+                " WHERE a.id = v.id",
+                [list(c) for c in columns],
+            )
+            return
+        cursor.executemany(
+            f"UPDATE {table} SET owner_id = %s, revoking = %s, grant_epoch = %s, target_id = %s,"
+            " drained_at = %s, state_version = %s WHERE id = %s",
+            rows,
+        )
 
 
 def _save_events(state: GroupState, loaded: Loaded, actor: str) -> None:

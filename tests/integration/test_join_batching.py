@@ -56,17 +56,23 @@ def test_r1b_joins_in_one_window_are_assigned_by_one_recompute(hb: Hb):
 
 
 @WINDOW
-def test_r1b_steady_path_never_answers_while_a_recompute_waits(hb: Hb):
+def test_r1b_steady_path_answers_until_the_recompute_is_due_and_never_after(hb: Hb):
     t0 = timezone.now() - timedelta(seconds=10)
     beat("m0", 0, t0)
     out = beat("m0", 1, t0 + timedelta(seconds=1))  # assigned: all four shards
     owned = tuple(out["assignment"]["assignedShards"])
     assert len(owned) == 4
-    beat("m1", 0, t0 + timedelta(seconds=1.5))  # within the window: waits
-    store.forget_snapshots()  # the statement path, not the cached core answer
+    beat("m1", 0, t0 + timedelta(seconds=1.5))  # within the window: waits until t0 + 2 s
     req = HeartbeatRequest(member_id="m0", member_epoch=out["memberEpoch"], metadata_epoch=1, owned_shards=owned)
-    assert fastpath.steady_heartbeat("g1", req, t0 + timedelta(seconds=3)) is None
-    result = heartbeat_service("g1", req, t0 + timedelta(seconds=3))
+    for cached in (False, True):  # the statement, then the cached core answer
+        if not cached:
+            store.forget_snapshots()
+        else:
+            store.refresh_snapshot("g1")
+        steady = fastpath.steady_heartbeat("g1", req, t0 + timedelta(seconds=1.8))
+        assert steady is not None and steady.response.assignment.assigned == owned
+        assert fastpath.steady_heartbeat("g1", req, t0 + timedelta(seconds=2)) is None
+    result = heartbeat_service("g1", req, t0 + timedelta(seconds=2))
     assert result.path == "locked" and result.response.status == "REVOKE_PENDING"
 
 
