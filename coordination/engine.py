@@ -558,6 +558,7 @@ def bump_group_epoch(
         state.assignment_epoch = state.group_epoch
     elif now is not None and (due := r1b_defer_rebalance(state, now, joiner)) is not None:
         state.rebalance_due_at = due
+        state.rebalance_deferred_at = state.rebalance_deferred_at or now
         r1b_rebalance_if_due(state, now)
     else:
         recompute_target(state, reserve=reserve)
@@ -566,28 +567,34 @@ def bump_group_epoch(
 
 
 # --- R1b join batching ------------------------------------------------------------------------
+# A burst of joins keeps pushing the recompute back by a window, but never past this many
+# windows after the first one deferred it (Kafka's initial rebalance delay works alike).
+R1B_MAX_WINDOWS = 5
+
+
 def r1b_defer_rebalance(
     state: GroupState, now: datetime, joiner: Member | None = None
 ) -> datetime | None:
     """R1b (join batching, like Kafka's initial rebalance delay): when a join or leave changes
     the membership, the target recompute waits until the returned time, so that joins and
     leaves arriving together are assigned once (None: recompute now). It waits when one is
-    already waiting, when the group's last recompute was less than `rebalance_window_ms` ago
-    (until a window after it), or when the joiner is the group's only member (a window from
-    now: a fleet starting together does not hand every shard to the first one). Meanwhile
-    the group is ASSIGNING and the joiner is answered with an empty assignment at the
-    current assignment epoch; it gets its shards on a later heartbeat (§3, R6)."""
+    already waiting, when the group's last recompute was less than `rebalance_window_ms` ago,
+    or when the joiner is the group's only member (a fleet starting together does not hand
+    every shard to the first one). Each change moves the due time to a window after it, but
+    not past `R1B_MAX_WINDOWS` windows after the first deferred change. Meanwhile the group is
+    ASSIGNING and a joiner is answered with an empty assignment at the current assignment
+    epoch; it gets its shards on a later heartbeat (§3, R6)."""
     window = state.rebalance_window_ms
     if window <= 0:
         return None
-    if state.rebalance_due_at is not None:
-        return state.rebalance_due_at
-    last = state.rebalanced_at
-    if last is not None and last <= now < deadline(last, window):
-        return deadline(last, window)
-    if joiner is not None and all(m is joiner for m in state.live_members()):
-        return deadline(now, window)
-    return None
+    if state.rebalance_due_at is None:
+        last = state.rebalanced_at
+        recent = last is not None and last <= now < deadline(last, window)
+        alone = joiner is not None and all(m is joiner for m in state.live_members())
+        if not (recent or alone):
+            return None
+    since = state.rebalance_deferred_at or now
+    return min(deadline(now, window), deadline(since, window * R1B_MAX_WINDOWS))
 
 
 def r1b_rebalance_if_due(state: GroupState, now: datetime) -> bool:
@@ -634,7 +641,7 @@ def recompute_target(state: GroupState, reserve: Iterable[str] = ()) -> None:
             if slot.target != new:
                 state.set_target(shard_id, new)
     state.assignment_epoch = state.group_epoch
-    state.rebalance_due_at = None
+    state.rebalance_due_at = state.rebalance_deferred_at = None
     state.emit("rebalanced", assignmentEpoch=state.assignment_epoch, members=len(members))
 
 

@@ -176,10 +176,12 @@ class GroupState:
     session_timeout_ms: int = 30_000
     rebalance_timeout_ms: int = 60_000
     # Join batching (engine.r1b_defer_rebalance): the window (a coordinator setting), the
-    # last target recompute and when a deferred one is due (None: none is waiting).
+    # last target recompute, when a deferred one is due (None: none is waiting) and when the
+    # first change it waits for came.
     rebalance_window_ms: int = 0
     rebalanced_at: datetime | None = None
     rebalance_due_at: datetime | None = None
+    rebalance_deferred_at: datetime | None = None
     members: dict[str, Member] = field(default_factory=dict)
     shards: dict[str, ShardSlot] = field(default_factory=dict)
     changes: Changes = field(default_factory=Changes)

@@ -17,5 +17,9 @@ class Migration(migrations.Migration):
             model_name='group',
             name='rebalance_due_at',
             field=models.DateTimeField(blank=True, editable=False, null=True),
+        ),        migrations.AddField(
+            model_name='group',
+            name='rebalance_deferred_at',
+            field=models.DateTimeField(blank=True, editable=False, null=True),
         ),
     ]

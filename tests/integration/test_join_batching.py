@@ -62,7 +62,7 @@ def test_r1b_steady_path_answers_until_the_recompute_is_due_and_never_after(hb: 
     out = beat("m0", 1, t0 + timedelta(seconds=1))  # assigned: all four shards
     owned = tuple(out["assignment"]["assignedShards"])
     assert len(owned) == 4
-    beat("m1", 0, t0 + timedelta(seconds=1.5))  # within the window: waits until t0 + 2 s
+    beat("m1", 0, t0 + timedelta(seconds=1.5))  # within the window: waits until t0 + 2.5 s
     req = HeartbeatRequest(member_id="m0", member_epoch=out["memberEpoch"], metadata_epoch=1, owned_shards=owned)
     for cached in (False, True):  # the statement, then the cached core answer
         if not cached:
@@ -71,8 +71,8 @@ def test_r1b_steady_path_answers_until_the_recompute_is_due_and_never_after(hb: 
             store.refresh_snapshot("g1")
         steady = fastpath.steady_heartbeat("g1", req, t0 + timedelta(seconds=1.8))
         assert steady is not None and steady.response.assignment.assigned == owned
-        assert fastpath.steady_heartbeat("g1", req, t0 + timedelta(seconds=2)) is None
-    result = heartbeat_service("g1", req, t0 + timedelta(seconds=2))
+        assert fastpath.steady_heartbeat("g1", req, t0 + timedelta(seconds=2.5)) is None
+    result = heartbeat_service("g1", req, t0 + timedelta(seconds=2.5))
     assert result.path == "locked" and result.response.status == "REVOKE_PENDING"
 
 
@@ -86,3 +86,38 @@ def test_r1b_sweep_runs_a_due_recompute_nobody_heartbeats_for(hb: Hb):
     sweep_liveness(t0 + timedelta(seconds=1))
     g = Group.objects.get(name="g1")
     assert rebalanced() == 1 and g.rebalance_due_at is None and g.assignment_epoch == g.group_epoch
+
+
+@WINDOW
+@pytest.mark.parametrize("snapshots", [True, False])
+def test_r1b_slots_still_targeting_a_member_that_left_are_saved_by_its_row(hb: Hb, snapshots: bool):
+    """A deferred leave leaves the member's target in place until the recompute; a slot of that
+    target written meanwhile (here: released by the member revoking it) names the member that
+    left, which the store maps back to its row."""
+    t0 = timezone.now() - timedelta(seconds=20)
+    with override_settings(RSC_GROUP_SNAPSHOTS=snapshots):
+        store.forget_snapshots()
+        beat("m0", 0, t0)
+        out = beat("m0", 1, t0 + timedelta(seconds=1))
+        owned = tuple(out["assignment"]["assignedShards"])
+        beat("m1", 0, t0 + timedelta(seconds=5))  # a quiet group: recomputed at once
+        out = beat("m0", out["memberEpoch"], t0 + timedelta(seconds=5.1), owned)
+        revoking = out["assignment"]["revokingShards"]
+        assert out["status"] == "REVOKE_PENDING" and len(revoking) == 2
+        left = response_body(heartbeat_service(
+            "g1", HeartbeatRequest(member_id="m1", member_epoch=-1), t0 + timedelta(seconds=5.2)))
+        assert left["memberEpoch"] == -1 and rebalanced() == 2  # the leave's recompute waits
+        from coordination.model import RevokeReport, RevokeState
+
+        req = HeartbeatRequest(
+            member_id="m0", member_epoch=out["memberEpoch"], metadata_epoch=1,
+            owned_shards=tuple(s for s in owned if s not in revoking),
+            revoking_shards=tuple(RevokeReport(s, RevokeState.REVOKED) for s in revoking),
+        )
+        result = heartbeat_service("g1", req, t0 + timedelta(seconds=5.3))
+        assert result.response.error_code == "NONE" and not result.response.assignment.revoking
+        doc = describe_group("g1")
+        assert doc["state"] == "ASSIGNING"
+        out = beat("m0", result.response.member_epoch, t0 + timedelta(seconds=6.2),
+                   tuple(result.response.assignment.assigned))
+        assert sorted(out["assignment"]["assignedShards"]) == sorted(owned) and rebalanced() == 3

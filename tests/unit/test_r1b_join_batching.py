@@ -54,15 +54,30 @@ def test_r1b_joins_within_the_window_are_assigned_by_one_recompute():
     for i, c in enumerate(late):
         r = c.join(at(1.1 + i / 10))
         assert r.assignment.assigned == r.assignment.pending == () and rebalances(state) == 0
-    assert state.assignment_epoch == epoch and state.rebalance_due_at == at(2)
-    first[0].beat(at(1.9))
+        # Each change moves the due time to a window after it.
+        assert state.rebalance_due_at == at(2.1 + i / 10)
+    assert state.assignment_epoch == epoch
+    first[0].beat(at(2.2))
     assert rebalances(state) == 0
-    first[0].beat(at(2.0))  # the first heartbeat at the due time recomputes, once, for all three
+    first[0].beat(at(2.3))  # the first heartbeat at the due time recomputes, once, for all three
     assert rebalances(state) == 1 and state.assignment_epoch == state.group_epoch
     assert Counter(s.target for s in state.shards.values()) == Counter(dict.fromkeys("abcde", 12 // 5)) + Counter(
         dict.fromkeys("ab", 1)
     )
-    settle(first + late, at(2.1))
+    settle(first + late, at(2.4))
+
+
+def test_r1b_a_stream_of_joins_waits_at_most_the_max_windows():
+    state = make_group(40, rebalance_window_ms=WINDOW_MS)
+    clients = [Client(state, f"m{i:02d}") for i in range(30)]
+    clients[0].join(at(0))
+    recomputed = []
+    for i, c in enumerate(clients[1:], 1):  # a join every 0.5 s keeps pushing it back...
+        c.join(at(i / 2))
+        if rebalances(state):
+            recomputed.append(i / 2)
+    # ...but not past R1B_MAX_WINDOWS windows after the first deferred change.
+    assert recomputed[0] == engine.R1B_MAX_WINDOWS * WINDOW_MS / 1000
 
 
 def test_r1b_a_join_into_a_quiet_group_is_assigned_at_once():
@@ -86,7 +101,9 @@ def test_r1b_a_leave_within_the_window_releases_at_once_and_retargets_at_the_due
     c.join(at(1.2))  # a rejoin within the window: released, recompute deferred
     clients[0].send(at(1.3), member_epoch=-1)
     assert not state.held_by("a") and rebalances(state) == 0
-    clients[1].beat(at(2.0))
+    clients[1].beat(at(2.2))
+    assert rebalances(state) == 0
+    clients[1].beat(at(2.3))  # a window after the last change
     assert rebalances(state) == 1
     assert {s.target for s in state.shards.values()} == {"b", "c"}
 
