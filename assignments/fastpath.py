@@ -203,6 +203,7 @@ def _from_snapshot(group_pk: int, snap: store.Snapshot, req: HeartbeatRequest, n
             and set(req.owned_shards or ()) <= granted
             and state.target_of(req.member_id) == granted
             and not state.revoking_from(req.member_id)
+            and (state.rebalance_due_at is None or now < state.rebalance_due_at)  # R1b: none due
         ):
             return None  # the core would change ownership or refuse: the locked path decides
         reported = member.last_reported_owned

@@ -490,6 +490,14 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
     if not (changes.group or changes.members or changes.shards):
         _save_events(state, loaded, actor)
         return
+    if not changes.granted and connection.vendor == "postgresql":
+        # Only a grant must be on disk before its answer (R9 across a crash: a member may start
+        # reading at once). A write that grants nothing (a batched join, a leave, a recompute,
+        # a revocation) commits without waiting for the WAL flush: lost in a crash, it costs a
+        # rejoin or a repeated revocation, and any later grant's synchronous commit flushes it
+        # first (WAL order). Under a join storm the fsyncs were what the group lock waited on.
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit TO OFF")
     # One new state_version per locked write, on the group row and on every row written
     # (load_for_heartbeat's snapshots catch up by it). The caller holds the group lock.
     version = group.state_version + 1

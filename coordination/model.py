@@ -158,6 +158,7 @@ class Changes:
     members: set[str] = field(default_factory=set)
     shards: set[str] = field(default_factory=set)
     events: list[Event] = field(default_factory=list)
+    granted: bool = False  # some shard got an owner: the write must be durable before the answer
 
     @property
     def empty(self) -> bool:
@@ -267,6 +268,7 @@ class GroupState:
         self.changes.shards.add(shard_id)
 
     def grant(self, shard_id: str, member_id: str, epoch: int) -> None:
+        self.changes.granted = True
         self._mutate_slot(shard_id, owner=member_id, revoking=False, grant_epoch=epoch)
 
     def start_revoke(self, shard_id: str) -> None:

@@ -170,3 +170,16 @@ def test_r1b_batched_joins_keep_r9_recompute_at_most_once_per_window_and_converg
     counts = Counter({m: 0 for m in members}) + Counter(slot.target for slot in state.shards.values())
     counts = Counter({m: counts[m] for m in members})
     assert sum(counts.values()) == shards and max(counts.values()) - min(counts.values()) <= 1
+
+
+def test_r1b_a_batched_join_grants_nothing_so_its_write_need_not_wait_for_the_disk():
+    """`Changes.granted` tells the shell which writes must be durable before the answer: only
+    those that give a shard an owner (R9 across a crash)."""
+    state = make_group(4, rebalance_window_ms=WINDOW_MS)
+    a = Client(state, "a")
+    a.join(at(0))
+    assert not state.changes.granted and state.changes.group
+    a.beat(at(1))
+    assert state.changes.granted and len(state.granted_to("a")) == 4
+    a.send(at(2), member_epoch=-1)
+    assert not state.changes.granted and not state.granted_to("a")
