@@ -490,14 +490,15 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
     if not (changes.group or changes.members or changes.shards):
         _save_events(state, loaded, actor)
         return
+    no_flush = ""
     if not changes.granted and connection.vendor == "postgresql":
         # Only a grant must be on disk before its answer (R9 across a crash: a member may start
         # reading at once). A write that grants nothing (a batched join, a leave, a recompute,
         # a revocation) commits without waiting for the WAL flush: lost in a crash, it costs a
         # rejoin or a repeated revocation, and any later grant's synchronous commit flushes it
         # first (WAL order). Under a join storm the fsyncs were what the group lock waited on.
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        # Sent with the group row's UPDATE below: a round trip under the lock is a wait too.
+        no_flush = "SET LOCAL synchronous_commit TO OFF; "
     # One new state_version per locked write, on the group row and on every row written
     # (load_for_heartbeat's snapshots catch up by it). The caller holds the group lock.
     version = group.state_version + 1
@@ -510,7 +511,7 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
     adapt = connection.ops.adapt_datetimefield_value  # SQLite: naive UTC text
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {Group._meta.db_table} SET group_epoch = %s, assignment_epoch = %s,"
+            f"{no_flush}UPDATE {Group._meta.db_table} SET group_epoch = %s, assignment_epoch = %s,"
             " state_version = %s, rebalanced_at = %s, rebalance_due_at = %s,"
             " rebalance_deferred_at = %s WHERE id = %s",
             [state.group_epoch, state.assignment_epoch, version, adapt(state.rebalanced_at),

@@ -121,3 +121,29 @@ def test_r1b_slots_still_targeting_a_member_that_left_are_saved_by_its_row(hb: H
         out = beat("m0", result.response.member_epoch, t0 + timedelta(seconds=6.2),
                    tuple(result.response.assignment.assigned))
         assert sorted(out["assignment"]["assignedShards"]) == sorted(owned) and rebalanced() == 3
+
+
+@WINDOW
+def test_r1b_only_writes_that_grant_wait_for_the_disk(hb: Hb):
+    """A batched join grants nothing: its transaction commits without the WAL flush; a grant's
+    transaction keeps the server's synchronous commit."""
+    from django.db import connection, transaction
+
+    from assignments.store import load_state, lock_group, save_state
+    from coordination import engine
+
+    def write(req: HeartbeatRequest, now: Any) -> str:
+        with transaction.atomic():
+            group = lock_group("g1")
+            state, loaded = load_state(group, req.member_id)
+            assert engine.heartbeat(state, req, now).error_code == "NONE"
+            save_state(state, loaded, now)
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW synchronous_commit")
+                return cursor.fetchone()[0]
+
+    t0 = timezone.now() - timedelta(seconds=10)
+    assert write(HeartbeatRequest(member_id="m0", member_epoch=0), t0) == "off"
+    granting = HeartbeatRequest(member_id="m0", member_epoch=1, metadata_epoch=1, owned_shards=())
+    assert write(granting, t0 + timedelta(seconds=1)) == "on"
+    assert len(describe_group("g1")["members"][0]["assignedShards"]) == 4
