@@ -151,6 +151,10 @@ async def converge(url: str, group: str, key: str) -> tuple[float, int, float]:
                     await asyncio.sleep(0.5)
                     continue
                 requests += 1
+                if r.status_code == 503:  # COORDINATOR_UNAVAILABLE: the data plane retries after Retry-After
+                    transport_errors[0] += 1
+                    await asyncio.sleep(float(r.headers.get("Retry-After", 1)))
+                    continue
                 if r.status_code != 200:
                     raise RuntimeError(f"HTTP {r.status_code}: {r.text[:300]}")
                 data = r.json()
@@ -181,7 +185,7 @@ async def converge(url: str, group: str, key: str) -> tuple[float, int, float]:
         if failures:
             raise SystemExit(f"{len(failures)} members failed, first: {failures[0]}")
         if transport_errors[0]:
-            print(f"   ({transport_errors[0]} dropped connections retried after 0.5 s, as the data plane does)")
+            print(f"   ({transport_errors[0]} dropped connections or 503s retried, as the data plane does)")
         return elapsed, requests, joins
 
 
