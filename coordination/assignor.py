@@ -36,8 +36,10 @@ known: a join or leave in a settled group then costs the change, not the group's
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
-from typing import cast
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import TypeVar, cast
+
+T = TypeVar("T")
 
 __all__ = ["assign", "reassign"]
 
@@ -162,15 +164,8 @@ def _balance(live: list[str], order: list[str], previous: Mapping[str, str | Non
         else:
             free.append(index)
 
-    # Fill remaining room in member-id order with free shards in natural order. Total room
-    # equals len(free) because the quotas sum to m.
-    start = 0
-    for member in live:
-        left = room[member]
-        if left:
-            for index in free[start : start + left]:
-                owners[index] = member
-            start += left
+    for index, member in _fill(live, room, free):
+        owners[index] = member
 
     # Every slot is filled now: kept owners are live, the rest were just handed out.
     return dict(zip(order, cast("list[str]", owners), strict=True))
@@ -217,14 +212,17 @@ def reassign(
         else:
             room[member] = -over
     free.sort(key=rank)
-    # Free shards in natural order fill the remaining room in member-id order. A free shard
-    # never goes back to its previous member: that member has no room left, or had none.
-    moves: dict[str, str] = {}
+    # A free shard never goes back to its previous member: it has no room left, or had none.
+    return dict(_fill(others, room, free))
+
+
+def _fill(members: list[str], room: Mapping[str | None, int], free: list[T]) -> Iterator[tuple[T, str]]:
+    """Free items, in natural order, fill the remaining room of the members in id order. Total
+    room equals len(free) because the quotas sum to the number of shards."""
     start = 0
-    for member in others:
+    for member in members:
         left = room[member]
         if left:
-            for shard in free[start:start + left]:
-                moves[shard] = member
+            for item in free[start:start + left]:
+                yield item, member
             start += left
-    return moves

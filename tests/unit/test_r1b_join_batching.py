@@ -21,6 +21,16 @@ def rebalances(state) -> int:
     return sum(e.kind == "rebalanced" for e in state.changes.events)
 
 
+def settled_group(shards: int, members: str):
+    """Members that joined together at 0 s, settled after the window's recompute at 1 s."""
+    state = make_group(shards, rebalance_window_ms=WINDOW_MS)
+    clients = [Client(state, m) for m in members]
+    for c in clients:
+        c.join(at(0))
+    settle(clients, at(1))
+    return state, clients
+
+
 def test_r1b_window_zero_recomputes_on_every_join():
     state = make_group(4, rebalance_window_ms=0)
     a, b = Client(state, "a"), Client(state, "b")
@@ -81,22 +91,14 @@ def test_r1b_a_stream_of_joins_waits_at_most_the_max_windows():
 
 
 def test_r1b_a_join_into_a_quiet_group_is_assigned_at_once():
-    state = make_group(8, rebalance_window_ms=WINDOW_MS)
-    clients = [Client(state, m) for m in "ab"]
-    for c in clients:
-        c.join(at(0))
-    settle(clients, at(1))
+    state, clients = settled_group(8, "ab")
     r = Client(state, "c").join(at(5))  # last recompute 4 s ago
     assert rebalances(state) == 1 and len(r.assignment.pending) == 2
     assert state.rebalanced_at == at(5) and state.rebalance_due_at is None
 
 
 def test_r1b_a_leave_within_the_window_releases_at_once_and_retargets_at_the_due_time():
-    state = make_group(6, rebalance_window_ms=WINDOW_MS)
-    clients = [Client(state, m) for m in "abc"]
-    for c in clients:
-        c.join(at(0))
-    settle(clients, at(1))
+    state, clients = settled_group(6, "abc")
     c = clients.pop()
     c.join(at(1.2))  # a rejoin within the window: released, recompute deferred
     clients[0].send(at(1.3), member_epoch=-1)
