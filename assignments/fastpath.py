@@ -60,7 +60,7 @@ def _c(model: type, name: str) -> str:
 _G, _M, _A, _S, _ST = _t(Group), _t(MemberRow), _t(ShardAssignment), _t(Shard), _t(Stream)
 
 # The single-statement path. Placeholders, in order: memberId, group, status, memberEpoch,
-# metadataEpoch, now, owned (json), status, memberEpoch, owned (text[]), owned (text[]).
+# metadataEpoch, now, now, owned (json), status, memberEpoch, owned (text[]), owned (text[]).
 _SQL = f"""
 WITH me AS (
     SELECT m.{_c(MemberRow, "id")} AS id, g.{_c(Group, "assignment_epoch")} AS assignment_epoch,
@@ -73,6 +73,7 @@ WITH me AS (
        AND m.{_c(MemberRow, "member_epoch")} = %s
        AND g.{_c(Group, "assignment_epoch")} = m.{_c(MemberRow, "member_epoch")}
        AND g.{_c(Group, "metadata_epoch")} = %s
+       AND (g.{_c(Group, "rebalance_due_at")} IS NULL OR g.{_c(Group, "rebalance_due_at")} > %s)  -- R1b: none due
 ), granted AS (
     SELECT COALESCE(array_agg(s.{_c(Shard, "shard_id")}::text
                               ORDER BY s.{_c(Shard, "version")}, s.{_c(Shard, "index")}), '{{}}') AS shards
@@ -203,6 +204,7 @@ def _from_snapshot(group_pk: int, snap: store.Snapshot, req: HeartbeatRequest, n
             and set(req.owned_shards or ()) <= granted
             and state.target_of(req.member_id) == granted
             and not state.revoking_from(req.member_id)
+            and (state.rebalance_due_at is None or now < state.rebalance_due_at)  # R1b: none due
         ):
             return None  # the core would change ownership or refuse: the locked path decides
         reported = member.last_reported_owned
@@ -228,7 +230,7 @@ def _by_statement(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAns
     # Positional, in the order the placeholders appear in _SQL (cheaper than named ones).
     params = (
         req.member_id, group, stable, req.member_epoch, req.metadata_epoch,
-        now, owned_json, stable, req.member_epoch, owned, owned,
+        now, now, owned_json, stable, req.member_epoch, owned, owned,
     )
     row = _liveness_query(_SQL, params)
     if row is None:

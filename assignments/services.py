@@ -11,6 +11,7 @@ from assignments import fastpath
 from assignments.store import (
     live_member_counts,
     load_for_heartbeat,
+    load_member_view,
     load_state,
     lock_group,
     save_state,
@@ -56,11 +57,11 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> Heartbea
             )
         if snapshots_enabled():
             state, loaded = load_for_heartbeat(group, req.member_id)
-        elif engine.needs_full_state(req):
-            state, loaded = load_state(group, also_members=(req.member_id,))
+        elif engine.needs_full_state(req, group.rebalance_due_at, now):
+            state, loaded = load_state(group, req.member_id)
         else:
             claimed = (req.owned_shards or ()) + tuple(r.shard for r in req.revoking_shards)
-            state, loaded = load_state(group, only_member=req.member_id, claimed=claimed)
+            state, loaded = load_member_view(group, req.member_id, claimed)
         response = engine.heartbeat(state, req, now)
         if response.error_code != ErrorCode.NONE:
             return HeartbeatResult(response, None)  # R8: a refused heartbeat changes nothing

@@ -30,6 +30,9 @@ class Loaded:
 
     group: Group
     member_pk: dict[str, int] = field(default_factory=dict)
+    # Members a slot names (owner or target) that were not loaded: a tombstone whose target a
+    # deferred recompute has not moved yet (R1b), or another member in a partial view.
+    other_pk: dict[str, int] = field(default_factory=dict)
     slot_pk: dict[str, int] = field(default_factory=dict)
     drained_at: dict[str, datetime] = field(default_factory=dict)
     # Each member's row as read (raw, `_MEMBER_COLUMNS`) and its columns as last written:
@@ -75,23 +78,30 @@ def _shard_catalogue(stream_id: int, metadata_epoch: int, need: set[int]) -> dic
     return cat
 
 
-# In a partial snapshot, a slot owned or targeted by a member that was not loaded carries
-# this stand-in name, which maps back to the same row id when the slot is saved.
-_UNLOADED = "\x00member-pk:"
+def _name_unloaded(cursor: object, pk_member: dict[int, str], loaded: Loaded, pks: set[int | None]) -> None:
+    """Read the names of the members slots refer to that are not in `pk_member` (one query,
+    only when there are any); they go in `loaded.other_pk`, so saving maps them back."""
+    unknown = sorted(pk for pk in pks if pk is not None and pk not in pk_member)
+    if not unknown:
+        return
+    cursor.execute(  # type: ignore[attr-defined]
+        f"SELECT id, member_id FROM {MemberRow._meta.db_table} WHERE id IN {_in(unknown)}", unknown
+    )
+    for pk, mid in cursor.fetchall():  # type: ignore[attr-defined]
+        pk_member[pk] = mid
+        loaded.other_pk[mid] = pk
 
 
-def _member_name(pk_member: dict[int, str], pk: int | None) -> str | None:
-    if pk is None:
-        return None
-    return pk_member.get(pk) or f"{_UNLOADED}{pk}"
+def _referenced(slot_rows: list[tuple]) -> set[int | None]:
+    return {row[2] for row in slot_rows} | {row[5] for row in slot_rows}
 
 
 def _member_pk(loaded: Loaded, name: str | None) -> int | None:
     if name is None:
         return None
-    if name.startswith(_UNLOADED):
-        return int(name[len(_UNLOADED):])
-    return loaded.member_pk[name]
+    pk = loaded.member_pk.get(name)
+    return pk if pk is not None else loaded.other_pk[name]
+
 
 def _in(values: tuple[str, ...] | list[str]) -> str:
     """A portable IN list (SQLite has no = ANY); (NULL) matches nothing."""
@@ -148,10 +158,10 @@ def _slot_from_row(
         shard_id=info.shard_id,
         parents=info.parents,
         sealed=info.sealed,
-        owner=_member_name(pk_member, owner),
+        owner=None if owner is None else pk_member[owner],
         revoking=revoking,
         grant_epoch=grant_epoch,
-        target=_member_name(pk_member, target),
+        target=None if target is None else pk_member[target],
         drained=drained_at is not None,
     )
 
@@ -169,6 +179,10 @@ def _reports(cursor: object, group: Group, member_ids: list[str]) -> dict[str, l
 
 
 _MEMBER_SQL = f"SELECT {', '.join(_MEMBER_COLUMNS)} FROM {MemberRow._meta.db_table} WHERE group_id = %s"
+_MEMBER_WITH_REPORT_SQL = (
+    f"SELECT {', '.join(_MEMBER_COLUMNS)}, last_reported_owned FROM {MemberRow._meta.db_table}"
+    " WHERE group_id = %s AND member_id = %s"
+)
 _SLOT_SQL = (
     "SELECT id, shard_id, owner_id, revoking, grant_epoch, target_id, drained_at"
     f" FROM {ShardAssignment._meta.db_table} WHERE group_id = %s"
@@ -176,51 +190,55 @@ _SLOT_SQL = (
 
 
 def load_state(
-    group: Group,
-    also_members: tuple[str, ...] = (),
-    *,
-    lock_members: bool = False,
-    only_member: str | None = None,
-    claimed: tuple[str, ...] = (),
+    group: Group, member_id: str | None = None, *, lock_members: bool = False
 ) -> tuple[GroupState, Loaded]:
-    """Load live members (plus `also_members`' rows, e.g. a tombstone) and the group's slots.
+    """The group's snapshot: live members (plus `member_id`'s row whatever its status, with its
+    last report: the heartbeating member) and every slot.
 
     `lock_members` row-locks the members too: sweeps use it so a concurrent lock-free steady
     heartbeat (fastpath) either lands before the sweep reads last-seen or waits and misses.
-    `only_member` loads a partial snapshot: that member and the slots it holds or targets,
-    plus the shards it `claimed`, enough for R3–R7 of its heartbeat; the core refuses to
-    recompute the target on it.
     Plain tuples, not model instances: this runs on every locked heartbeat of big groups.
     """
-    loaded = Loaded(group=group)
-    members: dict[str, Member] = {}
-    also_members = tuple(also_members) + ((only_member,) if only_member else ())
-    member_sql = _MEMBER_SQL
-    if only_member is not None:
-        member_sql += " AND member_id = %s"
-        member_params: list[object] = [group.pk, only_member]
-    else:
-        member_sql += f" AND (status IN {_in(_LIVE)} OR member_id IN {_in(also_members)})"
-        member_params = [group.pk, *_LIVE, *also_members]
+    also = (member_id,) if member_id else ()
+    member_sql = _MEMBER_SQL + f" AND (status IN {_in(_LIVE)} OR member_id IN {_in(also)})"
     if lock_members and connection.features.has_select_for_update:
         member_sql += " FOR UPDATE"
-    slot_sql = _SLOT_SQL
+    return _load(group, member_sql, [group.pk, *_LIVE, *also], _SLOT_SQL, [group.pk], member_id)
+
+
+def load_member_view(
+    group: Group, member_id: str, claimed: tuple[str, ...]
+) -> tuple[GroupState, Loaded]:
+    """A partial snapshot for one member's regular heartbeat: that member, the slots it holds
+    or targets and the shards it `claimed`, enough for R3–R7; the core refuses to recompute
+    the target on it (used with RSC_GROUP_SNAPSHOTS off)."""
+    me = f"SELECT id FROM {MemberRow._meta.db_table} WHERE group_id = %s AND member_id = %s"
+    slot_sql = _SLOT_SQL + (
+        f" AND (owner_id IN ({me}) OR target_id IN ({me}) OR shard_id IN"
+        f" (SELECT id FROM {Shard._meta.db_table} WHERE shard_id IN {_in(claimed)}))"
+    )
+    return _load(
+        group, _MEMBER_SQL + " AND member_id = %s", [group.pk, member_id],
+        slot_sql, [group.pk, group.pk, member_id, group.pk, member_id, *claimed], member_id,
+        partial=True,
+    )
+
+
+def _load(
+    group: Group, member_sql: str, member_params: list[object], slot_sql: str,
+    slot_params: list[object], member_id: str | None, partial: bool = False,
+) -> tuple[GroupState, Loaded]:
+    loaded = Loaded(group=group)
+    members: dict[str, Member] = {}
     with connection.cursor() as cursor:
         # Raw rows: the ORM's per-row machinery costs more than the query for big groups.
         cursor.execute(member_sql, member_params)
         member_rows = cursor.fetchall()
         pk_member = {row[0]: row[1] for row in member_rows}
-        if only_member is not None:
-            pk = next(iter(pk_member), None)
-            slot_sql += (
-                " AND (owner_id = %s OR target_id = %s OR shard_id IN"
-                f" (SELECT id FROM {Shard._meta.db_table} WHERE shard_id IN {_in(claimed)}))"
-            )
-            cursor.execute(slot_sql, [group.pk, pk, pk, *claimed])
-        else:
-            cursor.execute(slot_sql, [group.pk])
+        cursor.execute(slot_sql, slot_params)
         slot_rows = cursor.fetchall()
-        reports = _reports(cursor, group, [m for m in also_members if m in pk_member.values()])
+        reports = _reports(cursor, group, [member_id] if member_id in pk_member.values() else [])
+        _name_unloaded(cursor, pk_member, loaded, _referenced(slot_rows))
     for row in member_rows:
         loaded.member_pk[row[1]] = row[0]
         loaded.member_rows[row[1]] = row
@@ -243,9 +261,13 @@ def load_state(
         heartbeat_interval_ms=group.heartbeat_interval_ms,
         session_timeout_ms=group.session_timeout_ms,
         rebalance_timeout_ms=group.rebalance_timeout_ms,
+        rebalance_window_ms=rebalance_window_ms(),
+        rebalanced_at=group.rebalanced_at,
+        rebalance_due_at=group.rebalance_due_at,
+        rebalance_deferred_at=group.rebalance_deferred_at,
         members=members,
         shards=shards,
-        partial=only_member is not None,
+        partial=partial,
     )
     return state, loaded
 
@@ -286,6 +308,11 @@ class Snapshot:
 _snapshots: OrderedDict[int, Snapshot] = OrderedDict()
 _snapshots_lock = threading.Lock()
 _SNAPSHOT_GROUPS = 64  # groups per process; the least recently used snapshot goes first
+
+
+def rebalance_window_ms() -> int:
+    """Join batching's window (`RSC_REBALANCE_WINDOW_MS`, engine.r1b_defer_rebalance)."""
+    return int(getattr(settings, "RSC_REBALANCE_WINDOW_MS", 1000))
 
 
 def snapshots_enabled() -> bool:
@@ -352,6 +379,7 @@ def _catch_up(snap: Snapshot, group: Group) -> None:
             _put_member(snap, row, {})
         cursor.execute(_SLOT_SQL + " AND state_version > %s", [group.pk, snap.version])
         slot_rows = cursor.fetchall()
+        _name_unloaded(cursor, snap.pk_member, loaded, _referenced(slot_rows))
     catalogue = _shard_catalogue(group.stream_id, group.stream.metadata_epoch, set())
     for row in slot_rows:
         slot = _slot_from_row(row, catalogue, snap.pk_member, loaded)
@@ -376,7 +404,9 @@ def _put_member(snap: Snapshot, row: tuple, reports: dict[str, list[str]], keep:
 
 def _drop_member(snap: Snapshot, mid: str) -> None:
     snap.state.members.pop(mid, None)
-    snap.loaded.member_pk.pop(mid, None)
+    pk = snap.loaded.member_pk.pop(mid, None)
+    if pk is not None:  # slots may still name it (a target a deferred recompute will move)
+        snap.loaded.other_pk[mid] = pk
     snap.loaded.member_rows.pop(mid, None)
     snap.loaded.member_values.pop(mid, None)
 
@@ -384,13 +414,13 @@ def _drop_member(snap: Snapshot, mid: str) -> None:
 def load_for_heartbeat(group: Group, member_id: str | None) -> tuple[GroupState, Loaded]:
     """The full snapshot a locked heartbeat needs (the caller holds the group lock), from this
     process's cache when it can be brought up to date cheaply; exactly what
-    `load_state(group, also_members=(member_id,))` returns.
+    `load_state(group, member_id)` returns.
     """
     snap = _checkout(group.pk)
     if snap is not None and (snap.shape != _shape(group) or snap.version > group.state_version):
         snap = None  # a reshard step changed the slot set, or the database went back
     if snap is None:
-        state, loaded = load_state(group, also_members=(member_id,) if member_id else ())
+        state, loaded = load_state(group, member_id)
         snap = Snapshot(state, loaded, {pk: mid for mid, pk in loaded.member_pk.items()},
                          group.state_version, _shape(group))
     else:
@@ -400,12 +430,14 @@ def load_for_heartbeat(group: Group, member_id: str | None) -> tuple[GroupState,
         # are written by the lock-free steady path, which does not raise the version.
         if member_id is not None:
             with connection.cursor() as cursor:
-                cursor.execute(_MEMBER_SQL + " AND member_id = %s", [group.pk, member_id])
-                row = cursor.fetchone()
-                if row is not None:
-                    _put_member(snap, row, _reports(cursor, group, [member_id]), keep=True)
-                else:
-                    _drop_member(snap, member_id)
+                cursor.execute(_MEMBER_WITH_REPORT_SQL, [group.pk, member_id])
+                found = cursor.fetchone()
+            if found is not None:
+                row, owned = found[:-1], found[-1]
+                report = owned if isinstance(owned, list) else json.loads(owned or "[]")
+                _put_member(snap, row, {member_id: report}, keep=True)
+            else:
+                _drop_member(snap, member_id)
         state = snap.state
         state.group_epoch = group.group_epoch
         state.assignment_epoch = group.assignment_epoch
@@ -414,6 +446,10 @@ def load_for_heartbeat(group: Group, member_id: str | None) -> tuple[GroupState,
         state.heartbeat_interval_ms = group.heartbeat_interval_ms
         state.session_timeout_ms = group.session_timeout_ms
         state.rebalance_timeout_ms = group.rebalance_timeout_ms
+        state.rebalance_window_ms = rebalance_window_ms()
+        state.rebalanced_at = group.rebalanced_at
+        state.rebalance_due_at = group.rebalance_due_at
+        state.rebalance_deferred_at = group.rebalance_deferred_at
         state.changes = Changes()
         snap.loaded.group = group
 
@@ -454,15 +490,33 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
     if not (changes.group or changes.members or changes.shards):
         _save_events(state, loaded, actor)
         return
+    no_flush = ""
+    if not changes.granted and connection.vendor == "postgresql":
+        # Only a grant must be on disk before its answer (R9 across a crash: a member may start
+        # reading at once). A write that grants nothing (a batched join, a leave, a recompute,
+        # a revocation) commits without waiting for the WAL flush: lost in a crash, it costs a
+        # rejoin or a repeated revocation, and any later grant's synchronous commit flushes it
+        # first (WAL order). Under a join storm the fsyncs were what the group lock waited on.
+        # Sent with the group row's UPDATE below: a round trip under the lock is a wait too.
+        no_flush = "SET LOCAL synchronous_commit TO OFF; "
     # One new state_version per locked write, on the group row and on every row written
     # (load_for_heartbeat's snapshots catch up by it). The caller holds the group lock.
     version = group.state_version + 1
     group.state_version = version
     group.group_epoch = state.group_epoch
     group.assignment_epoch = state.assignment_epoch
-    Group.objects.filter(pk=group.pk).update(
-        group_epoch=state.group_epoch, assignment_epoch=state.assignment_epoch, state_version=version
-    )
+    group.rebalanced_at = state.rebalanced_at
+    group.rebalance_due_at = state.rebalance_due_at
+    group.rebalance_deferred_at = state.rebalance_deferred_at
+    adapt = connection.ops.adapt_datetimefield_value  # SQLite: naive UTC text
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"{no_flush}UPDATE {Group._meta.db_table} SET group_epoch = %s, assignment_epoch = %s,"
+            " state_version = %s, rebalanced_at = %s, rebalance_due_at = %s,"
+            " rebalance_deferred_at = %s WHERE id = %s",
+            [state.group_epoch, state.assignment_epoch, version, adapt(state.rebalanced_at),
+             adapt(state.rebalance_due_at), adapt(state.rebalance_deferred_at), group.pk],
+        )
     if version % ANALYZE_EVERY == 0 and connection.vendor == "postgresql":
         transaction.on_commit(_analyze_hot_tables)
     # Removed members first: a replacement (§9 R1s) takes over the old one's instanceId, which
@@ -518,13 +572,33 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
                 connection.ops.adapt_datetimefield_value(drained_at),  # SQLite: naive UTC text
                 version, loaded.slot_pk[shard_id],
             ))
-        with connection.cursor() as cursor:
-            cursor.executemany(
-                f"UPDATE {ShardAssignment._meta.db_table} SET owner_id = %s, revoking = %s,"
-                " grant_epoch = %s, target_id = %s, drained_at = %s, state_version = %s WHERE id = %s",
-                rows,
-            )
+        _write_slots(rows)
     _save_events(state, loaded, actor)
+
+
+def _write_slots(rows: list[tuple]) -> None:
+    """(owner, revoking, grant epoch, target, drained at, version, row id) per changed slot: one
+    statement on PostgreSQL (a recompute may move thousands of targets), plain UPDATEs
+    elsewhere. Django's bulk_update builds a CASE per field and row, slower than either."""
+    table = ShardAssignment._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            columns = list(zip(*rows, strict=True))
+            cursor.execute(
+                f"UPDATE {table} AS a SET owner_id = v.owner_id, revoking = v.revoking,"
+                " grant_epoch = v.grant_epoch, target_id = v.target_id, drained_at = v.drained_at,"
+                " state_version = v.state_version FROM unnest(%s::bigint[], %s::boolean[],"
+                " %s::integer[], %s::bigint[], %s::timestamptz[], %s::bigint[], %s::bigint[])"
+                " AS v(owner_id, revoking, grant_epoch, target_id, drained_at, state_version, id)"
+                " WHERE a.id = v.id",
+                [list(c) for c in columns],
+            )
+            return
+        cursor.executemany(
+            f"UPDATE {table} SET owner_id = %s, revoking = %s, grant_epoch = %s, target_id = %s,"
+            " drained_at = %s, state_version = %s WHERE id = %s",
+            rows,
+        )
 
 
 def _save_events(state: GroupState, loaded: Loaded, actor: str) -> None:

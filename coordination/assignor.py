@@ -27,15 +27,21 @@ room, taken in member-id order.
 
 Cost: O(m log m) string comparisons for the one sort of shard ids (keys computed once per
 shard) plus O(m + n log n) for the rest.
+
+``reassign()`` computes the same result as a change list from each member's previous shards,
+in O(n log n + k log k) for the k shards that move once the shard set's natural order is
+known: a join or leave in a settled group then costs the change, not the group's size.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
-from typing import cast
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import TypeVar, cast
 
-__all__ = ["assign"]
+T = TypeVar("T")
+
+__all__ = ["assign", "reassign"]
 
 
 def _natural_order(shards: set[str]) -> list[str]:
@@ -55,6 +61,19 @@ def _natural_order(shards: set[str]) -> list[str]:
 
 
 _order_cache: dict[frozenset[str], tuple[str, ...]] = {}
+_rank_cache: dict[frozenset[str], dict[str, int]] = {}
+
+
+def _natural_rank(shards: frozenset[str]) -> dict[str, int]:
+    """Each shard's position in natural order, kept for the last few shard sets (a caller
+    that passes the same frozenset object each time pays no hashing either)."""
+    hit = _rank_cache.get(shards)
+    if hit is None:
+        hit = {shard: i for i, shard in enumerate(_natural_order(set(shards)))}
+        if len(_rank_cache) >= 8:
+            _rank_cache.pop(next(iter(_rank_cache)))
+        _rank_cache[shards] = hit
+    return hit
 
 
 def _sort_naturally(ids: list[str]) -> tuple[str, ...]:
@@ -145,15 +164,67 @@ def _balance(live: list[str], order: list[str], previous: Mapping[str, str | Non
         else:
             free.append(index)
 
-    # Fill remaining room in member-id order with free shards in natural order. Total room
-    # equals len(free) because the quotas sum to m.
-    start = 0
-    for member in live:
-        left = room[member]
-        if left:
-            for index in free[start : start + left]:
-                owners[index] = member
-            start += left
+    for index, member in _fill(live, room, free):
+        owners[index] = member
 
     # Every slot is filled now: kept owners are live, the rest were just handed out.
     return dict(zip(order, cast("list[str]", owners), strict=True))
+
+
+def reassign(
+    members: Collection[str],
+    shards: frozenset[str],
+    held: Mapping[str, Collection[str]],
+    unowned: Collection[str],
+    reserved: Collection[str] = (),
+) -> dict[str, str]:
+    """The shards whose member ``assign()`` would change, with their new member.
+
+    Same inputs as ``assign()``, given per member instead of per shard: ``held[member]`` is
+    the previous shards of each live member (all of them in ``shards``), ``unowned`` the
+    shards of ``shards`` whose previous member is None or not live; together they cover
+    ``shards`` exactly once. Then, with ``previous`` the mapping they describe,
+    ``assign(members, shards, previous, reserved)`` equals ``previous`` updated with the
+    result, less the ``unowned`` shards it leaves out (only when every member is reserved).
+    Cost O(n log n + k log k) for n members and k shards that move (the shard set's natural
+    order is computed once per set and kept), where ``assign()`` walks all m shards.
+    """
+    live = set(members)
+    keep = set(reserved) & live
+    others = sorted(live - keep)
+    if not others:
+        return {}
+    rank = _natural_rank(shards).__getitem__
+    count = {member: len(held.get(member, ())) for member in others}
+    quota, extra = divmod(len(shards) - sum(len(held.get(r, ())) for r in keep), len(others))
+    # As in _balance: the "+1" quotas go to the biggest previous holders, then smaller ids.
+    room = dict.fromkeys(others, quota)
+    if extra:
+        for member in sorted(others, key=lambda member: (-count[member], member))[:extra]:
+            room[member] = quota + 1
+    # An over-quota member keeps its naturally smallest shards; the rest are free.
+    free = list(unowned)
+    for member in others:
+        over = count[member] - room[member]
+        if over > 0:
+            free.extend(sorted(held[member], key=rank)[room[member]:])
+            room[member] = 0
+        else:
+            room[member] = -over
+    free.sort(key=rank)
+    # A free shard never goes back to its previous member: it has no room left, or had none.
+    return dict(_fill(others, room, free))
+
+
+def _fill(
+    members: list[str], room: Mapping[str, int] | Mapping[str | None, int], free: list[T]
+) -> Iterator[tuple[T, str]]:
+    """Free items, in natural order, fill the remaining room of the members in id order. Total
+    room equals len(free) because the quotas sum to the number of shards."""
+    start = 0
+    for member in members:
+        left = room[member]
+        if left:
+            for item in free[start:start + left]:
+                yield item, member
+            start += left

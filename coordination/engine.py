@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from coordination.assignor import assign
+from coordination.assignor import assign, reassign
 from coordination.model import (
     Assignment,
     GroupPhase,
@@ -77,6 +77,7 @@ def heartbeat(state: GroupState, req: HeartbeatRequest, now: datetime) -> Heartb
     if req.owned_shards is not None:
         member.last_reported_owned = sorted_shards(req.owned_shards)
     state.touch_member(member)
+    r1b_rebalance_if_due(state, now)
     r5_apply_revocations(state, member, req)
     s6_record_drained(state, member, req.drained_shards)
     drain_only = not r7_metadata_current(state, req)
@@ -117,7 +118,7 @@ def r1_join(state: GroupState, req: HeartbeatRequest, now: datetime) -> Heartbea
     if member is not None and member.live:
         _release_all(state, member)
     member = _new_member(state, req, now)
-    bump_group_epoch(state)
+    bump_group_epoch(state, now=now, joiner=member)  # R1b: the recompute may wait for the window
     # A join is answered with full metadata and is not held back by R7.
     status = r6_reconcile(state, member, now, drain_only=False)
     state.emit("rejoined" if rejoin else "joined", member, clientId=req.client_id,
@@ -211,7 +212,7 @@ def r2_leave(state: GroupState, req: HeartbeatRequest, now: datetime) -> Heartbe
         member.last_heartbeat_at = now
         member.revocation_deadline = None
         state.touch_member(member)
-        bump_group_epoch(state)
+        bump_group_epoch(state, now=now)  # R1b: the recompute may wait for the batch window
         state.emit("left", member)
     return _left(state, req, -1)
 
@@ -372,9 +373,18 @@ def s6_assignable(state: GroupState) -> list[str]:
     ]
 
 
+def s6_assignable_set(state: GroupState) -> frozenset[str]:
+    """`s6_assignable` as a set, kept on the snapshot until a slot's drain or parents change
+    (`GroupState.mark_drained`, `load_slot`): recomputing a target must not walk every shard."""
+    if state.assignable_cache is None:
+        state.assignable_cache = frozenset(s6_assignable(state))
+    return state.assignable_cache
+
+
 def s6_refresh_assignable(state: GroupState) -> bool:
     """§6: shard slots were added (a new version) or repaired: if the assignable set no longer
     matches the target, the group epoch rises and the target is recomputed. Returns whether."""
+    state.assignable_cache = None  # slots may have changed under the snapshot
     if not state.live_members():
         return False  # no target to fix; the next join computes one
     assignable = set(s6_assignable(state))
@@ -552,39 +562,123 @@ def l2_fence_overdue_revocations(
 
 # --- target assignment -----------------------------------------------------------------------
 def bump_group_epoch(
-    state: GroupState, *, recompute: bool = True, reserve: Iterable[str] = ()
+    state: GroupState, *, recompute: bool = True, reserve: Iterable[str] = (),
+    now: datetime | None = None, joiner: Member | None = None,
 ) -> None:
     """Membership or assignable shards changed: new groupEpoch, target recomputed at it.
-    `recompute=False` (R1s): the caller set the target itself; it becomes the one at this epoch.
-    `reserve`: members whose target the assignor keeps as is, like temporarily left ones."""
+    `recompute=False` (R1s): the caller set the target itself; it becomes the one at this epoch
+    (unless a deferred recompute is waiting: then that one runs now, around `reserve`).
+    `reserve`: members whose target the assignor keeps as is, like temporarily left ones.
+    `now` (joins and leaves, `joiner` for a join): the recompute may wait for the batch window
+    (R1b)."""
     state.group_epoch += 1
     state.touch_group()
-    if recompute:
-        recompute_target(state, reserve=reserve)
-    else:
+    if not recompute and state.rebalance_due_at is None:
         state.assignment_epoch = state.group_epoch
+    elif now is not None and (due := r1b_defer_rebalance(state, now, joiner)) is not None:
+        state.rebalance_due_at = due
+        state.rebalance_deferred_at = state.rebalance_deferred_at or now
+        r1b_rebalance_if_due(state, now)
+    else:
+        recompute_target(state, reserve=reserve)
+        if now is not None:
+            state.rebalanced_at = now
 
 
-def needs_full_state(req: HeartbeatRequest) -> bool:
-    """Joins, leaves and drain reports can change the target; other heartbeats cannot."""
-    return req.member_epoch <= 0 or bool(req.drained_shards)
+# --- R1b join batching ------------------------------------------------------------------------
+# A burst of joins keeps pushing the recompute back by a window, but never past this many
+# windows after the first one deferred it (Kafka's initial rebalance delay works alike).
+R1B_MAX_WINDOWS = 5
+
+
+def r1b_defer_rebalance(
+    state: GroupState, now: datetime, joiner: Member | None = None
+) -> datetime | None:
+    """R1b (join batching, like Kafka's initial rebalance delay): when a join or leave changes
+    the membership, the target recompute waits until the returned time, so that joins and
+    leaves arriving together are assigned once (None: recompute now). It waits when one is
+    already waiting, when the group's last recompute was less than `rebalance_window_ms` ago,
+    or when the joiner is the group's only member (a fleet starting together does not hand
+    every shard to the first one). Each change moves the due time to a window after it, but
+    not past `R1B_MAX_WINDOWS` windows after the first deferred change. Meanwhile the group is
+    ASSIGNING and a joiner is answered with an empty assignment at the current assignment
+    epoch; it gets its shards on a later heartbeat (§3, R6)."""
+    window = state.rebalance_window_ms
+    if window <= 0:
+        return None
+    if state.rebalance_due_at is None:
+        last = state.rebalanced_at
+        recent = last is not None and last <= now < deadline(last, window)
+        alone = joiner is not None and all(m is joiner for m in state.live_members())
+        if not (recent or alone):
+            return None
+    since = state.rebalance_deferred_at or now
+    return min(deadline(now, window), deadline(since, window * R1B_MAX_WINDOWS))
+
+
+def r1b_rebalance_if_due(state: GroupState, now: datetime) -> bool:
+    """R1b: the deferred recompute runs at the first locked heartbeat, join, leave or sweep at
+    or after its due time. Returns whether it ran."""
+    due = state.rebalance_due_at
+    if due is None or now < due or state.partial:
+        return False  # a partial snapshot cannot recompute: the shell loads in full when due
+    recompute_target(state)
+    state.rebalanced_at = now
+    state.touch_group()
+    return True
+
+
+def needs_full_state(
+    req: HeartbeatRequest, rebalance_due_at: datetime | None = None, now: datetime | None = None
+) -> bool:
+    """Joins, leaves and drain reports can change the target; other heartbeats only when a
+    deferred recompute is due (R1b)."""
+    due = rebalance_due_at is not None and now is not None and now >= rebalance_due_at
+    return req.member_epoch <= 0 or bool(req.drained_shards) or due
 
 
 def recompute_target(state: GroupState, reserve: Iterable[str] = ()) -> None:
+    """The assignor's target for the live members at this group epoch. A settled target (every
+    targeted shard assignable) changes by `reassign`, which costs the shards that move; any
+    other target goes through `assign` over every shard. Both give the same result."""
     if state.partial:
         raise RuntimeError("cannot recompute the target from a partial snapshot")
     live = state.live_members()
     members = [m.member_id for m in live]
     # §9: a temporarily left member's target is reserved for its instanceId, kept as it is.
     reserved = {m.member_id for m in live if m.temporarily_left} | set(reserve)
-    previous = {s.shard_id: s.target for s in state.shards.values() if s.target is not None}
-    target = assign(members, s6_assignable(state), previous, reserved=reserved)
-    for shard_id, slot in state.shards.items():
-        new = target.get(shard_id)
-        if slot.target != new:
-            state.set_target(shard_id, new)
+    assignable = s6_assignable_set(state)
+    untargeted = state.untargeted()
+    free = [s for s in untargeted if s in assignable]
+    if len(state.shards) - len(untargeted) == len(assignable) - len(free):
+        _move_targets(state, members, assignable, free, reserved)
+    else:  # some target is not assignable (drained, or a new version's slots): full pass
+        previous = {s.shard_id: s.target for s in state.shards.values() if s.target is not None}
+        target = assign(members, list(assignable), previous, reserved=reserved)
+        for shard_id, slot in state.shards.items():
+            new = target.get(shard_id)
+            if slot.target != new:
+                state.set_target(shard_id, new)
     state.assignment_epoch = state.group_epoch
+    state.rebalance_due_at = state.rebalance_deferred_at = None
     state.emit("rebalanced", assignmentEpoch=state.assignment_epoch, members=len(members))
+
+
+def _move_targets(
+    state: GroupState, members: list[str], assignable: frozenset[str], free: list[str],
+    reserved: set[str],
+) -> None:
+    """Every targeted shard is assignable: the target changes only where `reassign` says."""
+    live = set(members)
+    targets = state.targets()
+    held = {mid: targets.get(mid, set()) for mid in members}
+    orphaned = [s for mid, shards in targets.items() if mid not in live for s in shards]
+    moves = reassign(members, assignable, held, free + orphaned, reserved=reserved)
+    for shard_id, member_id in moves.items():
+        state.set_target(shard_id, member_id)
+    for shard_id in orphaned:
+        if shard_id not in moves:  # nobody may take it (every member reserved)
+            state.set_target(shard_id, None)
 
 
 def _release_all(state: GroupState, member: Member) -> None:

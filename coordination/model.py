@@ -126,6 +126,7 @@ class Changes:
     members: set[str] = field(default_factory=set)
     shards: set[str] = field(default_factory=set)
     events: list[Event] = field(default_factory=list)
+    granted: bool = False  # some shard got an owner: the write must be durable before the answer
 
     @property
     def empty(self) -> bool:
@@ -143,6 +144,13 @@ class GroupState:
     heartbeat_interval_ms: int = 3000
     session_timeout_ms: int = 30_000
     rebalance_timeout_ms: int = 60_000
+    # Join batching (engine.r1b_defer_rebalance): the window (a coordinator setting), the
+    # last target recompute, when a deferred one is due (None: none is waiting) and when the
+    # first change it waits for came.
+    rebalance_window_ms: int = 0
+    rebalanced_at: datetime | None = None
+    rebalance_due_at: datetime | None = None
+    rebalance_deferred_at: datetime | None = None
     members: dict[str, Member] = field(default_factory=dict)
     shards: dict[str, ShardSlot] = field(default_factory=dict)
     changes: Changes = field(default_factory=Changes)
@@ -154,6 +162,9 @@ class GroupState:
         self._granted: dict[str, set[str]] = {}
         self._revoking: dict[str, set[str]] = {}
         self._target: dict[str, set[str]] = {}
+        self._untargeted: set[str] = set()
+        # §6 assignable set, kept while no slot's drain or parents change (engine.s6_assignable_set).
+        self.assignable_cache: frozenset[str] | None = None
         for slot in self.shards.values():
             self._index(slot)
 
@@ -164,6 +175,8 @@ class GroupState:
             bucket.setdefault(slot.owner, set()).add(slot.shard_id)
         if slot.target is not None:
             self._target.setdefault(slot.target, set()).add(slot.shard_id)
+        else:
+            self._untargeted.add(slot.shard_id)
 
     def _unindex(self, slot: ShardSlot) -> None:
         if slot.owner is not None:
@@ -171,6 +184,8 @@ class GroupState:
             bucket.get(slot.owner, set()).discard(slot.shard_id)
         if slot.target is not None:
             self._target.get(slot.target, set()).discard(slot.shard_id)
+        else:
+            self._untargeted.discard(slot.shard_id)
 
     def granted_to(self, member_id: str) -> set[str]:
         return self._granted.get(member_id, set())
@@ -183,6 +198,14 @@ class GroupState:
 
     def target_of(self, member_id: str) -> set[str]:
         return self._target.get(member_id, set())
+
+    def targets(self) -> dict[str, set[str]]:
+        """Every member id (live or not) that some slot targets → those shards (read only)."""
+        return self._target
+
+    def untargeted(self) -> set[str]:
+        """Shards no member is targeted for (read only)."""
+        return self._untargeted
 
     def live_members(self) -> list[Member]:
         return [m for m in self.members.values() if m.live]
@@ -198,6 +221,8 @@ class GroupState:
         old = self.shards.get(slot.shard_id)
         if old is not None:
             self._unindex(old)
+        if old is None or (old.drained, old.parents) != (slot.drained, slot.parents):
+            self.assignable_cache = None
         self.shards[slot.shard_id] = slot
         self._index(slot)
 
@@ -211,6 +236,7 @@ class GroupState:
         self.changes.shards.add(shard_id)
 
     def grant(self, shard_id: str, member_id: str, epoch: int) -> None:
+        self.changes.granted = True
         self._mutate_slot(shard_id, owner=member_id, revoking=False, grant_epoch=epoch)
 
     def start_revoke(self, shard_id: str) -> None:
@@ -223,6 +249,7 @@ class GroupState:
         self._mutate_slot(shard_id, target=member_id)
 
     def mark_drained(self, shard_id: str) -> None:
+        self.assignable_cache = None
         self._mutate_slot(shard_id, drained=True)
 
     def touch_member(self, member: Member) -> None:

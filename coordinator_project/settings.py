@@ -248,6 +248,11 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# Join batching (coordination.engine.r1b_defer_rebalance): joins and leaves within
+# this many ms of a target recompute (or the first join of an empty group) wait for one
+# recompute at the window's end; 0 recomputes on every join and leave.
+RSC_REBALANCE_WINDOW_MS = env_int("RSC_REBALANCE_WINDOW_MS", 1000)
+
 # --- Admin and observability --------------------------------------------------
 # /readyz fails when a recorded sweep has not finished for this long (L1/L2 stall).
 SWEEP_MAX_LAG_SECONDS = float(os.environ.get("SWEEP_MAX_LAG_SECONDS", max(30.0, 10 * SWEEP_INTERVAL_SECONDS)))

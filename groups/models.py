@@ -87,6 +87,12 @@ class Group(models.Model):
     # stamped on the rows it wrote: a process's cached snapshot of the group is exact while
     # this matches, and catches up by reading only the rows stamped after its own version.
     state_version = models.BigIntegerField(default=0, editable=False)
+    # Join batching (coordination.engine.r1b_defer_rebalance): when the target was last
+    # recomputed, when a recompute that joins or leaves deferred is due (null: none waits), and
+    # when the first change it waits for came.
+    rebalanced_at = models.DateTimeField(null=True, blank=True, editable=False)
+    rebalance_due_at = models.DateTimeField(null=True, blank=True, editable=False)
+    rebalance_deferred_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         # "Groups" alone reads like django.contrib.auth's groups in the admin.

@@ -84,6 +84,7 @@ def sweep_liveness(now: datetime | None = None) -> SweepResult:
     """
     now = now or timezone.now()
     result = SweepResult()
+    sweep_rebalances(now)
     intake = current_intake()
     if not intake.up_at(now):
         return result  # the core would expire and fence nobody: skip the locks
@@ -102,6 +103,17 @@ def sweep_liveness(now: datetime | None = None) -> SweepResult:
         if fenced:
             result.fenced[name] = fenced
     return result
+
+
+def sweep_rebalances(now: datetime) -> list[str]:
+    """R1b: run the target recomputes that joins or leaves deferred and no heartbeat has run
+    since its due time (e.g. every member temporarily left). Returns the groups."""
+    done = []
+    for name in Group.objects.filter(rebalance_due_at__lte=now).values_list("name", flat=True):
+        if _in_locked_group(name, lambda s: [s.name] if engine.r1b_rebalance_if_due(s, now) else [], now,
+                            "sweeper"):
+            done.append(name)
+    return done
 
 
 def groups_due_for_sweep(now: datetime, intake: engine.Intake = engine.UNRECORDED_INTAKE) -> list[str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordination.assignor import assign
+from coordination.assignor import assign, reassign
 
 # deadline=None: per-example timings swing on slow shared boxes; speed is bench/assignor.py's job.
 PROPERTY = settings(max_examples=200, deadline=None)
@@ -332,3 +332,39 @@ def test_assignor_keeps_reserved_members_targets_as_they_are(scenario, data) -> 
     others = [m for m in members if m not in reserved]
     rest = [s for s in shards if previous.get(s) not in reserved]
     assert {s: m for s, m in result.items() if m not in reserved} == assign(others, rest, previous)
+
+
+@PROPERTY
+@given(scenarios(), st.data())
+def test_reassign_gives_exactly_the_assignors_result_from_each_members_shards(scenario, data) -> None:
+    """The incremental step (a join or leave costs the shards that move) is `assign` itself:
+    the previous target per member, updated with its moves, is `assign`'s result, reserved
+    members (§9) included."""
+    members, shards, previous = scenario
+    reserved = set(data.draw(st.lists(st.sampled_from(members), unique=True) if members else st.just([])))
+    held = {m: {s for s in shards if previous.get(s) == m} for m in members}
+    unowned = [s for s in shards if previous.get(s) not in held]
+    kept = {s: previous[s] for s in shards if previous.get(s) in held}
+    moves = reassign(members, frozenset(shards), held, unowned, reserved=reserved)
+    assert all(kept.get(s) != m for s, m in moves.items())  # moves only
+    assert {**kept, **moves} == assign(members, shards, previous, reserved=reserved)
+
+
+@SEQUENCE
+@given(st.integers(1, 60), st.integers(1, 12), st.lists(st.booleans(), min_size=1, max_size=12))
+def test_reassign_follows_assign_through_join_and_leave_sequences(m, n, ops) -> None:
+    """Settled targets changed one member at a time (the coordinator's usual case)."""
+    shards = [f"orders:1:{i}" for i in range(m)]
+    members = [f"w{i}" for i in range(n)]
+    target = assign(members, shards, {})
+    for step, join in enumerate(ops):
+        if join or len(members) == 1:
+            members.append(f"j{step}")
+        else:
+            members.pop(step % len(members))
+        held = {mb: {s for s, o in target.items() if o == mb} for mb in members}
+        unowned = [s for s, o in target.items() if o not in held]
+        expected = assign(members, shards, target)
+        target = {**{s: o for s, o in target.items() if o in held},
+                  **reassign(members, frozenset(shards), held, unowned)}
+        assert target == expected
