@@ -189,8 +189,12 @@ def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> Steady
 
 
 def _from_snapshot(group_pk: int, snap: store.Snapshot, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
+    # Nothing here may yield to another greenlet (gevent workers): while this request holds
+    # the snapshot checked out, the worker's other heartbeats find none and take the slower
+    # statement path. So the stamp is queued only after the snapshot is back.
     state = snap.state
     keep = True
+    stamp: tuple[int, int] | None = None
     try:
         member = state.members.get(req.member_id)
         granted = state.granted_to(req.member_id)
@@ -212,12 +216,14 @@ def _from_snapshot(group_pk: int, snap: store.Snapshot, req: HeartbeatRequest, n
             keep = False  # not a liveness-only answer after all: forget the snapshot
             return None
         member.last_reported_owned = reported  # the snapshot keeps what a full load reads
-        STAMPS.add(snap.loaded.member_pk[req.member_id], now, req.owned_shards, member.member_epoch)
+        stamp = (snap.loaded.member_pk[req.member_id], member.member_epoch)
         return SteadyAnswer(response, state.metadata_epoch)
     finally:
         state.changes.members.clear()
         if keep:
             store.return_snapshot(group_pk, snap)
+        if stamp is not None:
+            STAMPS.add(stamp[0], now, req.owned_shards, stamp[1])
 
 
 def _by_statement(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
@@ -255,6 +261,7 @@ class _Stamps:
         self._pending: dict[int, tuple[datetime, str | None, int]] = {}
         self._pid = 0
         self._thread: threading.Thread | None = None
+        self._running = False  # the thread is started and has not ended (it clears this itself)
         self._stop = threading.Event()
 
     def add(self, member_pk: int, now: datetime, owned: tuple[str, ...] | None, epoch: int) -> None:
@@ -264,8 +271,12 @@ class _Stamps:
                 self._pid = os.getpid()
                 self._pending = {}
                 self._thread = None
+                self._running = False
                 atexit.register(self.stop)
-            if self._thread is None or not self._thread.is_alive():
+            # A flag the thread keeps, not Thread.is_alive(): under gevent's monkey-patching
+            # is_alive() of a running thread yields to other greenlets on every call.
+            if not self._running:
+                self._running = True
                 self._stop.clear()
                 self._thread = threading.Thread(target=self._run, name="rsc-stamps", daemon=True)
                 self._thread.start()
@@ -324,6 +335,8 @@ class _Stamps:
                     connections["liveness"].close()
             self.flush()
         finally:
+            with self._lock:
+                self._running = False
             connections["liveness"].close()
 
 
