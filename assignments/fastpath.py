@@ -58,6 +58,14 @@ def _c(model: type, name: str) -> str:
 
 _G, _M, _A, _S, _ST = _t(Group), _t(MemberRow), _t(ShardAssignment), _t(Shard), _t(Stream)
 
+# Plans that cannot go wrong without statistics (issue 11.5): right after a join storm the
+# planner may still have the empty tables' statistics, and then a status index looks as good as
+# any: `status = 'STABLE'` walked every STABLE member of the table, per heartbeat. So a member
+# is found only by a unique key ((group, memberId) or the primary key), and its status is
+# compared with IS NOT DISTINCT FROM, which no index serves (equal for the non-null values
+# here). tests/integration/test_steady_plans.py EXPLAINs these statements in that state.
+_SAME = "IS NOT DISTINCT FROM"
+
 # The single-statement path. Placeholders, in order: memberId, group, status, memberEpoch,
 # metadataEpoch, now, owned (json), status, memberEpoch, owned (text[]), owned (text[]).
 _SQL = f"""
@@ -68,7 +76,7 @@ WITH me AS (
       FROM {_G} AS g
       JOIN {_M} AS m ON m.{_c(MemberRow, "group")} = g.{_c(Group, "id")} AND m.{_c(MemberRow, "member_id")} = %s
      WHERE g.{_c(Group, "name")} = %s
-       AND m.{_c(MemberRow, "status")} = %s
+       AND m.{_c(MemberRow, "status")} {_SAME} %s
        AND m.{_c(MemberRow, "member_epoch")} = %s
        AND g.{_c(Group, "assignment_epoch")} = m.{_c(MemberRow, "member_epoch")}
        AND g.{_c(Group, "metadata_epoch")} = %s
@@ -85,7 +93,7 @@ WITH me AS (
            {_c(MemberRow, "last_reported_owned")} = COALESCE(%s::jsonb, m.{_c(MemberRow, "last_reported_owned")})
       FROM me, granted
      WHERE m.{_c(MemberRow, "id")} = me.id
-       AND m.{_c(MemberRow, "status")} = %s
+       AND m.{_c(MemberRow, "status")} {_SAME} %s
        AND m.{_c(MemberRow, "member_epoch")} = %s
        AND (%s::text[] IS NULL OR %s::text[] <@ granted.shards)
     RETURNING m.{_c(MemberRow, "id")}
@@ -102,10 +110,11 @@ SELECT g.{_c(Group, "id")}, g.{_c(Group, "state_version")}, g.{_c(Group, "create
  WHERE g.{_c(Group, "name")} = %s
 """
 
-# One batch of stamps. Placeholders: member ids, times, reports (json or null), epochs, and
-# the status once per row. The status comes in as a joined column, not a constant: without
-# statistics (right after a join storm) the planner otherwise scans the status index and
-# compares every STABLE member with every stamp; joined on the primary key it cannot.
+# One batch of stamps. Placeholders: member ids, times, reports (json or null), epochs, the
+# status once per row, and the member ids again. Members are reached by primary key only
+# (`= ANY(ids)`; the status compared with IS NOT DISTINCT FROM, see _SAME): with the empty
+# tables' statistics the planner otherwise walked the status index once per stamp, comparing
+# every STABLE member with it. The worst plan left is one scan of the table per batch.
 # A stamp never moves last-seen back (a locked write may have stamped later) and never
 # touches a member that stopped being STABLE at that epoch (a sweep or fence won).
 _STAMP_SQL = f"""
@@ -115,7 +124,8 @@ UPDATE {_M} AS m
   FROM unnest(%s::bigint[], %s::timestamptz[], %s::jsonb[], %s::integer[], %s::text[])
        AS v(id, ts, owned, epoch, status)
  WHERE m.{_c(MemberRow, "id")} = v.id
-   AND m.{_c(MemberRow, "status")} = v.status
+   AND m.{_c(MemberRow, "id")} = ANY(%s::bigint[])
+   AND m.{_c(MemberRow, "status")} {_SAME} v.status
    AND m.{_c(MemberRow, "member_epoch")} = v.epoch
    AND (m.{_c(MemberRow, "last_heartbeat_at")} IS NULL OR m.{_c(MemberRow, "last_heartbeat_at")} < v.ts)
 """
@@ -311,7 +321,7 @@ class _Stamps:
             return
         ids = list(rows)
         params = (ids, [rows[i][0] for i in ids], [rows[i][1] for i in ids], [rows[i][2] for i in ids],
-                  [MemberStatus.STABLE.value] * len(ids))
+                  [MemberStatus.STABLE.value] * len(ids), ids)
         conn = connections["liveness"]
         try:
             with conn.cursor() as cursor:

@@ -5,6 +5,7 @@ import hashlib
 import logging
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -178,6 +179,7 @@ LAST_USED_EVERY = timedelta(minutes=1)
 MAX_GRACE_SECONDS = 30 * 86_400
 _key_cache: dict[str, tuple[float, KeyScope]] = {}
 _unknown_keys: dict[str, float] = {}
+_key_loads: dict[str, threading.Lock] = {}  # digest -> held while that key is being loaded
 
 
 def _hash(raw: str) -> str:
@@ -280,18 +282,38 @@ def rotate_api_key(key: ApiKey | str, *, grace_seconds: int = 0, actor: str = "o
     return raw, old
 
 
+def _cached_key(digest: str, now: float) -> tuple[bool, KeyScope | None]:
+    """(True, scope or None) when the caches answer for this key now; (False, None) otherwise."""
+    hit = _key_cache.get(digest)
+    if hit is not None and hit[0] > now:
+        scope = hit[1]
+        return True, None if scope.expires_at is not None and scope.expires_at <= time.time() else scope
+    if _unknown_keys.get(digest, 0.0) > now:
+        return True, None
+    return False, None
+
+
 def resolve_api_key(raw: str) -> KeyScope | None:
     """The scope of a valid key, or None; the check that sits on every request."""
     if not raw or len(raw) > MAX_KEY_LENGTH:
         return None
     digest = _hash(raw)
-    now = time.monotonic()
-    hit = _key_cache.get(digest)
-    if hit is not None and hit[0] > now:
-        scope = hit[1]
-        return None if scope.expires_at is not None and scope.expires_at <= time.time() else scope
-    if _unknown_keys.get(digest, 0.0) > now:
-        return None
+    found, scope = _cached_key(digest, time.monotonic())
+    if found:
+        return scope
+    # One load per key at a time: under gevent a worker's requests all find the entry expired
+    # in the same instant, and each would otherwise queue for a pooled connection to load it.
+    if len(_key_loads) >= KEY_CACHE_MAX:
+        _key_loads.clear()
+    with _key_loads.setdefault(digest, threading.Lock()):
+        now = time.monotonic()
+        found, scope = _cached_key(digest, now)  # loaded by the request this one waited for
+        if found:
+            return scope
+        return _load_and_cache_key(digest, now)
+
+
+def _load_and_cache_key(digest: str, now: float) -> KeyScope | None:
     scope = _load_key(digest)
     if scope is None:
         _key_cache.pop(digest, None)
