@@ -29,6 +29,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -175,11 +176,78 @@ def _liveness_query(sql: str, params: tuple | list) -> tuple | None:
         raise
 
 
+class _Read:
+    """One read of a group's row, shared by every heartbeat that joined it before it started."""
+
+    __slots__ = ("done", "row", "error", "joined")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.row: tuple | None = None
+        self.error: Exception | None = None
+        self.joined = 1  # heartbeats using it (observability for tests)
+
+
+class _GroupReads:
+    """Coalesced reads of the group row, per process.
+
+    Under gevent a worker serves many heartbeats of one group at once, and each would read the
+    same row. A heartbeat joins the group's next read if that read has not started yet, else it
+    waits for the running one to end and starts (or joins) the next. So every heartbeat uses a
+    read that started after it arrived: it sees every write committed before it arrived,
+    exactly as with a read of its own. With one request at a time (sync workers) every read is
+    its own.
+    """
+
+    def __init__(self, fetch: Callable[[str], tuple | None]) -> None:
+        self._fetch = fetch
+        self._lock = threading.Lock()
+        self._next: dict[str, _Read] = {}  # group -> the read not started yet (others join it)
+        self._running: dict[str, _Read] = {}  # group -> the read in flight
+
+    def read(self, group: str) -> tuple | None:
+        with self._lock:
+            read = self._next.get(group)
+            lead = read is None
+            if read is None:
+                read = self._next[group] = _Read()
+            else:
+                read.joined += 1
+        if not lead:
+            read.done.wait()
+        else:
+            self._lead(group, read)
+        if read.error is not None:
+            raise read.error
+        return read.row
+
+    def _lead(self, group: str, read: _Read) -> None:
+        with self._lock:
+            running = self._running.get(group)
+        if running is not None:
+            running.done.wait()  # joiners keep arriving meanwhile; they share this read
+        with self._lock:
+            del self._next[group]  # started: a heartbeat arriving from now on waits for the next
+            self._running[group] = read
+        try:
+            read.row = self._fetch(group)
+        except Exception as exc:  # every heartbeat that shared the read sees its failure
+            read.error = exc
+        finally:
+            with self._lock:
+                if self._running.get(group) is read:
+                    del self._running[group]
+            read.done.set()
+
+
+_GROUP_READS = _GroupReads(lambda group: _liveness_query(_VERSION_SQL, (group,)))
+
+
 def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
     """The core's answer to a steady heartbeat without the group lock, or None (locked path)."""
     try:
         if store.snapshots_enabled() and STAMP_PERIOD > 0:
-            row = _liveness_query(_VERSION_SQL, (group,))
+            row = _GROUP_READS.read(group)
             if row is None:
                 return None  # no such group: the locked path answers
             group_pk, version, shape = row[0], row[1], tuple(row[2:])

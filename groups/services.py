@@ -179,7 +179,8 @@ LAST_USED_EVERY = timedelta(minutes=1)
 MAX_GRACE_SECONDS = 30 * 86_400
 _key_cache: dict[str, tuple[float, KeyScope]] = {}
 _unknown_keys: dict[str, float] = {}
-_key_loads: dict[str, threading.Lock] = {}  # digest -> held while that key is being loaded
+_key_loads: dict[str, _KeyLoad] = {}  # digest -> the load of that key in flight
+_key_loads_lock = threading.Lock()
 
 
 def _hash(raw: str) -> str:
@@ -301,16 +302,39 @@ def resolve_api_key(raw: str) -> KeyScope | None:
     found, scope = _cached_key(digest, time.monotonic())
     if found:
         return scope
-    # One load per key at a time: under gevent a worker's requests all find the entry expired
-    # in the same instant, and each would otherwise queue for a pooled connection to load it.
-    if len(_key_loads) >= KEY_CACHE_MAX:
-        _key_loads.clear()
-    with _key_loads.setdefault(digest, threading.Lock()):
-        now = time.monotonic()
-        found, scope = _cached_key(digest, now)  # loaded by the request this one waited for
-        if found:
-            return scope
-        return _load_and_cache_key(digest, now)
+    # One load per key at a time, its outcome shared: under gevent a worker's requests all find
+    # the entry expired in the same instant, and each would otherwise queue for a pooled
+    # connection to load it. (A shared load may have started just before this request; the
+    # cache allows KEY_CACHE_SECONDS of that anyway.)
+    with _key_loads_lock:
+        load = _key_loads.get(digest)
+        lead = load is None
+        if load is None:
+            load = _key_loads[digest] = _KeyLoad()
+    if not lead:
+        load.done.wait()
+        if load.error is not None:
+            raise load.error
+        return load.scope
+    try:
+        load.scope = _load_and_cache_key(digest, time.monotonic())
+    except Exception as exc:  # the requests that shared the load fail with it (503 for a DB error)
+        load.error = exc
+        raise
+    finally:
+        with _key_loads_lock:
+            del _key_loads[digest]
+        load.done.set()
+    return load.scope
+
+
+class _KeyLoad:
+    __slots__ = ("done", "scope", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.scope: KeyScope | None = None
+        self.error: Exception | None = None
 
 
 def _load_and_cache_key(digest: str, now: float) -> KeyScope | None:
