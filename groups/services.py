@@ -5,7 +5,6 @@ import hashlib
 import logging
 import re
 import secrets
-import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -179,8 +178,6 @@ LAST_USED_EVERY = timedelta(minutes=1)
 MAX_GRACE_SECONDS = 30 * 86_400
 _key_cache: dict[str, tuple[float, KeyScope]] = {}
 _unknown_keys: dict[str, float] = {}
-_key_loads: dict[str, _KeyLoad] = {}  # digest -> the load of that key in flight
-_key_loads_lock = threading.Lock()
 
 
 def _hash(raw: str) -> str:
@@ -283,61 +280,18 @@ def rotate_api_key(key: ApiKey | str, *, grace_seconds: int = 0, actor: str = "o
     return raw, old
 
 
-def _cached_key(digest: str, now: float) -> tuple[bool, KeyScope | None]:
-    """(True, scope or None) when the caches answer for this key now; (False, None) otherwise."""
-    hit = _key_cache.get(digest)
-    if hit is not None and hit[0] > now:
-        scope = hit[1]
-        return True, None if scope.expires_at is not None and scope.expires_at <= time.time() else scope
-    if _unknown_keys.get(digest, 0.0) > now:
-        return True, None
-    return False, None
-
-
 def resolve_api_key(raw: str) -> KeyScope | None:
     """The scope of a valid key, or None; the check that sits on every request."""
     if not raw or len(raw) > MAX_KEY_LENGTH:
         return None
     digest = _hash(raw)
-    found, scope = _cached_key(digest, time.monotonic())
-    if found:
-        return scope
-    # One load per key at a time, its outcome shared: under gevent a worker's requests all find
-    # the entry expired in the same instant, and each would otherwise queue for a pooled
-    # connection to load it. (A shared load may have started just before this request; the
-    # cache allows KEY_CACHE_SECONDS of that anyway.)
-    with _key_loads_lock:
-        load = _key_loads.get(digest)
-        lead = load is None
-        if load is None:
-            load = _key_loads[digest] = _KeyLoad()
-    if not lead:
-        load.done.wait()
-        if load.error is not None:
-            raise load.error
-        return load.scope
-    try:
-        load.scope = _load_and_cache_key(digest, time.monotonic())
-    except Exception as exc:  # the requests that shared the load fail with it (503 for a DB error)
-        load.error = exc
-        raise
-    finally:
-        with _key_loads_lock:
-            del _key_loads[digest]
-        load.done.set()
-    return load.scope
-
-
-class _KeyLoad:
-    __slots__ = ("done", "scope", "error")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.scope: KeyScope | None = None
-        self.error: Exception | None = None
-
-
-def _load_and_cache_key(digest: str, now: float) -> KeyScope | None:
+    now = time.monotonic()
+    hit = _key_cache.get(digest)
+    if hit is not None and hit[0] > now:
+        scope = hit[1]
+        return None if scope.expires_at is not None and scope.expires_at <= time.time() else scope
+    if _unknown_keys.get(digest, 0.0) > now:
+        return None
     scope = _load_key(digest)
     if scope is None:
         _key_cache.pop(digest, None)
