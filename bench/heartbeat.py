@@ -6,7 +6,10 @@ Prints, from one run on this machine:
   revocations at once, as the data-plane client does);
 - steady-state heartbeats/s and p50/p99 latency under wrk (32 connections), beside two
   reference endpoints on the same server — a DRF view with no database (the ceiling) and the
-  naive group-row-lock design — as ratios;
+  naive group-row-lock design — as ratios, right after the join storm (planner statistics as
+  the storm left them) and again after an explicit ANALYZE;
+- the same after-ANALYZE heartbeat and ceiling on a second server with the other worker class
+  (sync if the shipped gevent is measured, and the reverse), each against its own ceiling;
 - R9 checked in the database after the load.
 
     make bench-heartbeat      (DATABASE_URL defaults to postgres://postgres@127.0.0.1:5432/rsc_bench;
