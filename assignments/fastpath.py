@@ -29,6 +29,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -59,6 +60,14 @@ def _c(model: type, name: str) -> str:
 
 _G, _M, _A, _S, _ST = _t(Group), _t(MemberRow), _t(ShardAssignment), _t(Shard), _t(Stream)
 
+# Plans that cannot go wrong without statistics (issue 11.5): right after a join storm the
+# planner may still have the empty tables' statistics, and then a status index looks as good as
+# any: `status = 'STABLE'` walked every STABLE member of the table, per heartbeat. So a member
+# is found only by a unique key ((group, memberId) or the primary key), and its status is
+# compared with IS NOT DISTINCT FROM, which no index serves (equal for the non-null values
+# here). tests/integration/test_steady_plans.py EXPLAINs these statements in that state.
+_SAME = "IS NOT DISTINCT FROM"
+
 # The single-statement path. Placeholders, in order: memberId, group, status, memberEpoch,
 # metadataEpoch, now, now, owned (json), status, memberEpoch, owned (text[]), owned (text[]).
 _SQL = f"""
@@ -69,7 +78,7 @@ WITH me AS (
       FROM {_G} AS g
       JOIN {_M} AS m ON m.{_c(MemberRow, "group")} = g.{_c(Group, "id")} AND m.{_c(MemberRow, "member_id")} = %s
      WHERE g.{_c(Group, "name")} = %s
-       AND m.{_c(MemberRow, "status")} = %s
+       AND m.{_c(MemberRow, "status")} {_SAME} %s
        AND m.{_c(MemberRow, "member_epoch")} = %s
        AND g.{_c(Group, "assignment_epoch")} = m.{_c(MemberRow, "member_epoch")}
        AND g.{_c(Group, "metadata_epoch")} = %s
@@ -87,7 +96,7 @@ WITH me AS (
            {_c(MemberRow, "last_reported_owned")} = COALESCE(%s::jsonb, m.{_c(MemberRow, "last_reported_owned")})
       FROM me, granted
      WHERE m.{_c(MemberRow, "id")} = me.id
-       AND m.{_c(MemberRow, "status")} = %s
+       AND m.{_c(MemberRow, "status")} {_SAME} %s
        AND m.{_c(MemberRow, "member_epoch")} = %s
        AND (%s::text[] IS NULL OR %s::text[] <@ granted.shards)
     RETURNING m.{_c(MemberRow, "id")}
@@ -104,10 +113,11 @@ SELECT g.{_c(Group, "id")}, g.{_c(Group, "state_version")}, g.{_c(Group, "create
  WHERE g.{_c(Group, "name")} = %s
 """
 
-# One batch of stamps. Placeholders: member ids, times, reports (json or null), epochs, and
-# the status once per row. The status comes in as a joined column, not a constant: without
-# statistics (right after a join storm) the planner otherwise scans the status index and
-# compares every STABLE member with every stamp; joined on the primary key it cannot.
+# One batch of stamps. Placeholders: member ids, times, reports (json or null), epochs, the
+# status once per row, and the member ids again. Members are reached by primary key only
+# (`= ANY(ids)`; the status compared with IS NOT DISTINCT FROM, see _SAME): with the empty
+# tables' statistics the planner otherwise walked the status index once per stamp, comparing
+# every STABLE member with it. The worst plan left is one scan of the table per batch.
 # A stamp never moves last-seen back (a locked write may have stamped later) and never
 # touches a member that stopped being STABLE at that epoch (a sweep or fence won).
 _STAMP_SQL = f"""
@@ -117,7 +127,8 @@ UPDATE {_M} AS m
   FROM unnest(%s::bigint[], %s::timestamptz[], %s::jsonb[], %s::integer[], %s::text[])
        AS v(id, ts, owned, epoch, status)
  WHERE m.{_c(MemberRow, "id")} = v.id
-   AND m.{_c(MemberRow, "status")} = v.status
+   AND m.{_c(MemberRow, "id")} = ANY(%s::bigint[])
+   AND m.{_c(MemberRow, "status")} {_SAME} v.status
    AND m.{_c(MemberRow, "member_epoch")} = v.epoch
    AND (m.{_c(MemberRow, "last_heartbeat_at")} IS NULL OR m.{_c(MemberRow, "last_heartbeat_at")} < v.ts)
 """
@@ -167,11 +178,78 @@ def _liveness_query(sql: str, params: tuple | list) -> tuple | None:
         raise
 
 
+class _Read:
+    """One read of a group's row, shared by every heartbeat that joined it before it started."""
+
+    __slots__ = ("done", "error", "joined", "row")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.row: tuple | None = None
+        self.error: Exception | None = None
+        self.joined = 1  # heartbeats using it (observability for tests)
+
+
+class _GroupReads:
+    """Coalesced reads of the group row, per process.
+
+    Under gevent a worker serves many heartbeats of one group at once, and each would read the
+    same row. A heartbeat joins the group's next read if that read has not started yet, else it
+    waits for the running one to end and starts (or joins) the next. So every heartbeat uses a
+    read that started after it arrived: it sees every write committed before it arrived,
+    exactly as with a read of its own. With one request at a time (sync workers) every read is
+    its own.
+    """
+
+    def __init__(self, fetch: Callable[[str], tuple | None]) -> None:
+        self._fetch = fetch
+        self._lock = threading.Lock()
+        self._next: dict[str, _Read] = {}  # group -> the read not started yet (others join it)
+        self._running: dict[str, _Read] = {}  # group -> the read in flight
+
+    def read(self, group: str) -> tuple | None:
+        with self._lock:
+            read = self._next.get(group)
+            lead = read is None
+            if read is None:
+                read = self._next[group] = _Read()
+            else:
+                read.joined += 1
+        if not lead:
+            read.done.wait()
+        else:
+            self._lead(group, read)
+        if read.error is not None:
+            raise read.error
+        return read.row
+
+    def _lead(self, group: str, read: _Read) -> None:
+        with self._lock:
+            running = self._running.get(group)
+        if running is not None:
+            running.done.wait()  # joiners keep arriving meanwhile; they share this read
+        with self._lock:
+            del self._next[group]  # started: a heartbeat arriving from now on waits for the next
+            self._running[group] = read
+        try:
+            read.row = self._fetch(group)
+        except Exception as exc:  # every heartbeat that shared the read sees its failure
+            read.error = exc
+        finally:
+            with self._lock:
+                if self._running.get(group) is read:
+                    del self._running[group]
+            read.done.set()
+
+
+_GROUP_READS = _GroupReads(lambda group: _liveness_query(_VERSION_SQL, (group,)))
+
+
 def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
     """The core's answer to a steady heartbeat without the group lock, or None (locked path)."""
     try:
         if store.snapshots_enabled() and STAMP_PERIOD > 0:
-            row = _liveness_query(_VERSION_SQL, (group,))
+            row = _GROUP_READS.read(group)
             if row is None:
                 return None  # no such group: the locked path answers
             group_pk, version, shape = row[0], row[1], tuple(row[2:])
@@ -191,8 +269,12 @@ def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> Steady
 
 
 def _from_snapshot(group_pk: int, snap: store.Snapshot, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
+    # Nothing here may yield to another greenlet (gevent workers): while this request holds
+    # the snapshot checked out, the worker's other heartbeats find none and take the slower
+    # statement path. So the stamp is queued only after the snapshot is back.
     state = snap.state
     keep = True
+    stamp: tuple[int, int] | None = None
     try:
         member = state.members.get(req.member_id)
         granted = state.granted_to(req.member_id)
@@ -215,12 +297,14 @@ def _from_snapshot(group_pk: int, snap: store.Snapshot, req: HeartbeatRequest, n
             keep = False  # not a liveness-only answer after all: forget the snapshot
             return None
         member.last_reported_owned = reported  # the snapshot keeps what a full load reads
-        STAMPS.add(snap.loaded.member_pk[req.member_id], now, req.owned_shards, member.member_epoch)
+        stamp = (snap.loaded.member_pk[req.member_id], member.member_epoch)
         return SteadyAnswer(response, state.metadata_epoch)
     finally:
         state.changes.members.clear()
         if keep:
             store.return_snapshot(group_pk, snap)
+        if stamp is not None:
+            STAMPS.add(stamp[0], now, req.owned_shards, stamp[1])
 
 
 def _by_statement(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
@@ -258,6 +342,7 @@ class _Stamps:
         self._pending: dict[int, tuple[datetime, str | None, int]] = {}
         self._pid = 0
         self._thread: threading.Thread | None = None
+        self._running = False  # the thread is started and has not ended (it clears this itself)
         self._stop = threading.Event()
 
     def add(self, member_pk: int, now: datetime, owned: tuple[str, ...] | None, epoch: int) -> None:
@@ -267,8 +352,12 @@ class _Stamps:
                 self._pid = os.getpid()
                 self._pending = {}
                 self._thread = None
+                self._running = False
                 atexit.register(self.stop)
-            if self._thread is None or not self._thread.is_alive():
+            # A flag the thread keeps, not Thread.is_alive(): under gevent's monkey-patching
+            # is_alive() of a running thread yields to other greenlets on every call.
+            if not self._running:
+                self._running = True
                 self._stop.clear()
                 self._thread = threading.Thread(target=self._run, name="rsc-stamps", daemon=True)
                 self._thread.start()
@@ -303,7 +392,7 @@ class _Stamps:
             return
         ids = list(rows)
         params = (ids, [rows[i][0] for i in ids], [rows[i][1] for i in ids], [rows[i][2] for i in ids],
-                  [MemberStatus.STABLE.value] * len(ids))
+                  [MemberStatus.STABLE.value] * len(ids), ids)
         conn = connections["liveness"]
         try:
             with conn.cursor() as cursor:
@@ -327,6 +416,8 @@ class _Stamps:
                     connections["liveness"].close()
             self.flush()
         finally:
+            with self._lock:
+                self._running = False
             connections["liveness"].close()
 
 

@@ -6,7 +6,10 @@ Prints, from one run on this machine:
   revocations at once, as the data-plane client does);
 - steady-state heartbeats/s and p50/p99 latency under wrk (32 connections), beside two
   reference endpoints on the same server — a DRF view with no database (the ceiling) and the
-  naive group-row-lock design — as ratios;
+  naive group-row-lock design — as ratios, right after the join storm (planner statistics as
+  the storm left them) and again after an explicit ANALYZE;
+- the same after-ANALYZE heartbeat and ceiling on a second server with the other worker class
+  (sync if the shipped gevent is measured, and the reverse), each against its own ceiling;
 - R9 checked in the database after the load.
 
     make bench-heartbeat      (DATABASE_URL defaults to postgres://postgres@127.0.0.1:5432/rsc_bench;
@@ -56,8 +59,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, DATABASE_URL=DB_URL, ROOT_URLCONF="bench.urls", LOG_LEVEL="WARNING")
+def start_server(port: int, **overrides: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, DATABASE_URL=DB_URL, ROOT_URLCONF="bench.urls", LOG_LEVEL="WARNING", **overrides)
     # The shipped gunicorn config (workers from WEB_CONCURRENCY, Prometheus multiprocess mode).
     proc = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn.conf.py",
@@ -254,6 +257,31 @@ def wrk(url: str, path: str, key: str, bodies_file: str) -> dict[str, float]:
             "socket_errors": socket_errors.group(1) if socket_errors else ""}
 
 
+def compare_worker_class(shipped: str, key: str, bodies_file: str) -> None:
+    """The same steady measurement on a second server with the other worker class (gevent is
+    shipped for slow clients; sync is what it replaced), its own ceiling beside it: each
+    ratio compares a heartbeat with a ceiling served by the same kind of worker."""
+    other = "sync" if shipped == "gevent" else "gevent"
+    port = free_port()
+    server = start_server(port, WORKER_CLASS=other)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        heartbeat = "/api/v1/groups/bench/heartbeat"
+        wrk(url, heartbeat, key, bodies_file)  # the new workers load their snapshots first
+        figures = {label: wrk(url, path, key, bodies_file)
+                   for label, path in (("ceiling", "/bench/ceiling"), ("heartbeat", heartbeat))}
+    finally:
+        server.terminate()
+        server.wait(60)
+    ceiling, ours = figures["ceiling"], figures["heartbeat"]
+    print(f"== for comparison, {other} workers (after ANALYZE, same run)")
+    for label, r in figures.items():
+        print(f"   {label:<32} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms"
+              f"  non-2xx {r['non2xx']} {r['socket_errors']}")
+    print(f"   heartbeat on {other} workers: {ours['rps'] / ceiling['rps']:.2f}x its ceiling,"
+          f" p99 {ours['p99_ms']:.1f} ms")
+
+
 def main() -> None:
     if not shutil.which("wrk"):
         print("wrk not found; installing Debian's wrk")
@@ -319,9 +347,9 @@ def main() -> None:
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
             f.write("\n".join(bodies) + "\n")
         workers = os.environ.get("WEB_CONCURRENCY", "the config's default")
-        worker_class = os.environ.get("WORKER_CLASS", "gevent (the config's default)")
+        worker_class = os.environ.get("WORKER_CLASS", "gevent")
         print(f"== steady state under wrk: {CONNECTIONS} connections, {DURATION} s each, "
-              f"gunicorn workers: {workers} × {worker_class}")
+              f"gunicorn workers: {workers} × {worker_class} (the ceiling runs on the same server)")
         results = {}
         heartbeat = "/api/v1/groups/bench/heartbeat"
         for label, path in (("heartbeat right after the storm", heartbeat),
@@ -343,6 +371,7 @@ def main() -> None:
             print(f"   {label}: {ours['rps'] / ceiling['rps']:.2f}x the ceiling (goal >= 0.75x),"
                   f" {ours['rps'] / naive['rps']:.2f}x naive, p99 {ours['p99_ms']:.1f} ms (goal <= 50 ms)")
         ours = results["heartbeat after ANALYZE"]
+        compare_worker_class(worker_class, key, f.name)
 
         print(f"== one join into the settled {MEMBERS} x {SHARDS} group (coordinator time, 40 joins and leaves)")
         for label, fig in single_join_cost("bench").items():

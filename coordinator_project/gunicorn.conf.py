@@ -7,6 +7,7 @@ before any worker forks or loads the app. Command-line flags override the defaul
 """
 from __future__ import annotations
 
+import gc
 import glob
 import os
 import tempfile
@@ -59,3 +60,7 @@ def post_worker_init(worker: Any) -> None:
     from members.intake import start_beacon
 
     start_beacon()
+    # Issue 11.4: the loaded app's objects (Django, DRF, modules) never become garbage; out of
+    # the collector's generations, a full collection no longer walks them. Measured under
+    # gevent, where a pause stalls every request of the worker: 150-270 ms → mostly 10-35 ms.
+    gc.freeze()

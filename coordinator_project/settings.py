@@ -122,9 +122,12 @@ if _default["ENGINE"].endswith("postgresql"):
     _liveness = dict(_default)
     # Server-side binding + prepare_threshold let psycopg prepare the steady-state statement
     # after a few runs: planning it cost ~0.6 ms of ~0.85 ms per heartbeat (bench/heartbeat.py).
+    # enable_seqscan=off (issue 11.5): this connection runs only the steady path's statements,
+    # each of which reaches its rows by a unique key; without fresh statistics (right after a
+    # join storm) the planner would otherwise take a scan of the whole member table as cheap.
     _liveness["OPTIONS"] = {
         **_default.get("OPTIONS", {}),
-        "options": _default["OPTIONS"]["options"] + " -c synchronous_commit=off",
+        "options": _default["OPTIONS"]["options"] + " -c synchronous_commit=off -c enable_seqscan=off",
         "server_side_binding": True,
         "prepare_threshold": 2,
     }

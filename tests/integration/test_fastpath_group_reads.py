@@ -1,0 +1,77 @@
+"""Issue 11.4: steady heartbeats of one process share reads of the group row, and each uses a
+read that started after it arrived (so it sees every write committed before it arrived)."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from assignments.fastpath import _GroupReads
+
+
+def _until(predicate: Callable[[], bool], what: str, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+class _Database:
+    """A stand-in for the row read: each fetch gets the next number and blocks until released."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.release = [threading.Event() for _ in range(5)]
+
+    def fetch(self, group: str) -> tuple:
+        self.started += 1
+        number = self.started
+        assert self.release[number - 1].wait(10)
+        return (group, number)
+
+
+def test_heartbeat_arriving_during_a_read_uses_the_next_read_and_shares_it():
+    db = _Database()
+    reads = _GroupReads(db.fetch)
+    answers: dict[str, tuple | None] = {}
+
+    def heartbeat(name: str) -> None:
+        answers[name] = reads.read("g")
+
+    first = threading.Thread(target=heartbeat, args=("first",))
+    first.start()
+    _until(lambda: db.started == 1, "the first read to start")
+    # Two heartbeats arrive while read 1 is in flight: it may predate a write they must see.
+    late = [threading.Thread(target=heartbeat, args=(name,)) for name in ("second", "third")]
+    for t in late:
+        t.start()
+    _until(lambda: "g" in reads._next and reads._next["g"].joined == 2, "both to wait for the next read")
+    assert db.started == 1  # nothing else starts while read 1 runs
+    db.release[0].set()
+    first.join(10)
+    _until(lambda: db.started == 2, "the next read to start")
+    db.release[1].set()
+    for t in late:
+        t.join(10)
+    assert answers == {"first": ("g", 1), "second": ("g", 2), "third": ("g", 2)}
+    assert db.started == 2  # the two late heartbeats shared one read
+
+
+def test_a_failed_read_fails_every_heartbeat_that_shared_it_and_the_next_read_is_fresh():
+    calls = []
+
+    def fetch(group: str) -> tuple:
+        calls.append(group)
+        if len(calls) == 1:
+            raise RuntimeError("connection lost")
+        return (group, len(calls))
+
+    reads = _GroupReads(fetch)
+    try:
+        reads.read("g")
+        raise AssertionError("the failure was not raised")
+    except RuntimeError:
+        pass
+    assert reads.read("g") == ("g", 2)
+    assert not reads._next
+    assert not reads._running
