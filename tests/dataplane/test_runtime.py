@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis
@@ -14,7 +16,8 @@ from dataplane import scripts
 from dataplane.message import Message
 from dataplane.routing import ShardKeys
 from dataplane.runtime import ack_mode_from_capabilities, detect_ack_mode
-from dataplane.runtime.shard_table import ShardStatus, ShardTable, StopShard
+from dataplane.runtime.fenced_read import FencedReader
+from dataplane.runtime.shard_table import ShardState, ShardStatus, ShardTable, StopShard
 
 from .conftest import group_info, make_grant, pending, wait_until
 
@@ -389,37 +392,72 @@ def test_fenced_read_script_reads_only_shards_whose_token_is_ours(r, prefix) -> 
 def test_fenced_read_aborts_when_the_token_moves_between_the_check_and_the_read(r, prefix):
     """The member is frozen after its fence check (WATCH + MGET) and before the read (MULTI
     XREADGROUP EXEC): the next owner raises the token in that gap, and Redis runs nothing."""
-    from dataplane.runtime.fenced_read import fenced_read
-    from dataplane.runtime.shard_table import ShardTable
+    keys, st = shard_with_one_entry(r, prefix)
+    sent: list[int] = []
 
+    def frozen_before_the_read() -> None:
+        if len(sent) == 2:  # the check went out; the read is next: the token moves now
+            assert scripts.fence_raise(r, [keys.fence("g")], [4, "m-2"])[0] == 1
+
+    with fenced_reader(r, sent, frozen_before_the_read) as reader:
+        res = reader.read([st])
+        assert res.aborted and res.entries == {}
+        assert pending(r, keys.stream) == 0  # nothing entered m-1's PEL
+        # Its next read sees the new token at the check and refuses the shard.
+        assert reader.read([st]).refused == [st]
+    with fenced_reader(r) as fresh:
+        assert fresh.read([st]).refused == [st]
+
+
+def test_fenced_read_aborts_when_the_token_moves_after_the_check_sent_with_the_last_read(r, prefix):
+    """While entries flow the next read's check rides in the previous read's write: a token
+    raised after that check, while the member handles the batch (or is frozen), makes the
+    next read's EXEC abort, so nothing enters the stale member's PEL."""
+    keys, st = shard_with_one_entry(r, prefix)
+    sent: list[int] = []
+    with fenced_reader(r, sent, count=1) as reader:
+        first = reader.read([st])
+        assert [e[0] for e in first.entries[keys.stream]] == [r.xrange(keys.stream)[0][0]]
+        assert len(sent) == 2  # the first check, then the read with the next check
+        assert scripts.fence_raise(r, [keys.fence("g")], [4, "m-2"])[0] == 1
+        r.xadd(keys.stream, {"key": "b"})
+        second = reader.read([st])
+        assert len(sent) == 3  # no check of its own: the one sent with the first read
+        assert second.aborted and second.entries == {}
+        assert pending(r, keys.stream) == 1  # only "a", read while the token was ours
+        assert reader.read([st]).refused == [st]
+
+
+def shard_with_one_entry(r, prefix) -> tuple[ShardKeys, ShardState]:
+    """Shard s:1:0 granted to m-1 at epoch 3 (its token in Redis), one entry "a" unread."""
     keys = ShardKeys("s:1:0", prefix)
     r.xgroup_create(keys.stream, "g", id="0", mkstream=True)
     r.xadd(keys.stream, {"key": "a"})
     r.set(keys.fence("g"), "3:m-1")
-    st = ShardTable(10).install(make_grant(prefix, "s:1:0", epoch=3, member="m-1"))
+    return keys, ShardTable(10).install(make_grant(prefix, "s:1:0", epoch=3, member="m-1"))
+
+
+@contextmanager
+def fenced_reader(
+    r, sent: list[int] | None = None, before_send=None, count: int = 10
+) -> Iterator[FencedReader]:
+    """A FencedReader on a connection of its own; ``sent`` counts its writes, ``before_send``
+    runs before each (a member frozen at that point)."""
     pool = redis.ConnectionPool(**r.connection_pool.connection_kwargs)
     client = redis.Redis(connection_pool=pool)
     conn = client.connection_pool.get_connection()
     real_send = conn.send_packed_command
-    sent: list[int] = []
 
-    def frozen_before_the_read(packed, *args, **kwargs):
-        sent.append(1)
-        if len(sent) == 2:  # the check went out; the read is next: the token moves now
-            assert scripts.fence_raise(r, [keys.fence("g")], [4, "m-2"])[0] == 1
+    def counted(packed, *args, **kwargs):
+        if sent is not None:
+            sent.append(1)
+        if before_send is not None:
+            before_send()
         return real_send(packed, *args, **kwargs)
 
-    conn.send_packed_command = frozen_before_the_read
+    conn.send_packed_command = counted
     try:
-        res = fenced_read(conn, "g", "m-1", 10, [st])
+        yield FencedReader(conn, "g", "m-1", count)
     finally:
         client.connection_pool.release(conn)
         client.close()
-    assert res.aborted and res.entries == {}
-    assert pending(r, keys.stream) == 0  # nothing entered m-1's PEL
-    # Its next read sees the new token at the check and refuses the shard.
-    conn = r.connection_pool.get_connection()
-    try:
-        assert fenced_read(conn, "g", "m-1", 10, [st]).refused == [st]
-    finally:
-        r.connection_pool.release(conn)
