@@ -20,7 +20,7 @@ from .. import scripts
 from ..backoff import Backoff, retry_call
 from ..connections import NET_ERRORS
 from .shard_table import FINAL, ShardState, ShardTable
-from .wire import roundtrip_pooled
+from .wire import HeldConnection
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class Acker:
         self.table = table
         self.stopping = stopping
         self.cluster = cluster
+        self.conn = HeldConnection(fenced.client)  # standalone: the ACK round trips
         self.queue: SimpleQueue[list[Finished] | None] = SimpleQueue()
         self.thread = threading.Thread(target=self._loop, name="dp-acker", daemon=True)
 
@@ -82,6 +83,8 @@ class Acker:
         """Flush what is queued, then end (call after the workers ended)."""
         self.queue.put(None)
         self.thread.join(timeout)
+        if not self.thread.is_alive():
+            self.conn.drop()
 
     def _loop(self) -> None:
         while True:
@@ -136,13 +139,13 @@ class Acker:
 
     def _run(self, calls: list[tuple[scripts.Lua, list[str], list[Any]]]) -> list[Any]:
         """The ACK calls in one round trip (results or exceptions, in order). Standalone: by
-        SHA on a pooled connection, packed by hiredis; a script the server lost (restart,
+        SHA on the acker's own connection, packed by hiredis; a script the server lost (restart,
         SCRIPT FLUSH) is loaded again by the single call that redoes it."""
         client = self.fenced.client
         if self.cluster:
             return scripts.run_many(client, calls)
         commands = [("EVALSHA", lua.sha, len(keys), *keys, *args) for lua, keys, args in calls]
-        results = roundtrip_pooled(client, commands)
+        results = self.conn.roundtrip(commands)
         for i, res in enumerate(results):
             if isinstance(res, ResponseError) and scripts.is_noscript(res):
                 lua, keys, args = calls[i]

@@ -22,7 +22,9 @@ a check of its own first.
 
 The tails are read inside the transaction, right after the read: if the read comes back
 empty, everything up to them was delivered, and anything appended later has a higher ID, so
-``XREAD BLOCK`` from them misses nothing.
+``XREAD BLOCK`` from them misses nothing. After a read that filled COUNT on every stream they
+are left out (the streams are not at their end); should that next read come back empty, it
+says so without tails and the read after it asks for them.
 """
 
 from __future__ import annotations
@@ -63,10 +65,8 @@ class FencedReader:
         self.count = count
         self._checked: list[ShardState] | None = None  # shards the standing check covers
         self._tokens: list[Any] = []  # their tokens as the check saw them
-
-    def _check_commands(self, shards: list[ShardState]) -> list[tuple[Any, ...]]:
-        fences = [st.keys.fence(self.group) for st in shards]
-        return [("WATCH", *fences), ("MGET", *fences)]
+        self._check_cmds: list[tuple[Any, ...]] = []  # the check of those shards
+        self._flowing = False  # the last read filled COUNT on every stream: skip the tails
 
     def _covers(self, shards: list[ShardState]) -> bool:
         checked = self._checked
@@ -78,7 +78,9 @@ class FencedReader:
 
     def _check(self, shards: list[ShardState]) -> None:
         self._checked = None
-        replies = roundtrip(self.conn, [("UNWATCH",), *self._check_commands(shards)])
+        fences = [st.keys.fence(self.group) for st in shards]
+        self._check_cmds = [("WATCH", *fences), ("MGET", *fences)]
+        replies = roundtrip(self.conn, [("UNWATCH",), *self._check_cmds])
         _raise_first_error(replies)
         self._checked, self._tokens = shards, replies[2]
 
@@ -87,7 +89,9 @@ class FencedReader:
         _raise_first_error(roundtrip(self.conn, [("UNWATCH",)]))
 
     def read(self, shards: list[ShardState]) -> ReadResult:
-        """One fenced read of new entries of ``shards``."""
+        """One fenced read of new entries of ``shards``. ``waits`` is empty when something
+        was read, nothing was readable, or the read came back empty right after a full one
+        (no tails asked for: read again at once, the next read asks for them)."""
         if not self._covers(shards):
             self._check(shards)
         result = ReadResult()
@@ -100,13 +104,15 @@ class FencedReader:
         streams = [st.stream for st in readable]
         read: tuple[Any, ...] = ("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT")
         read += (self.count, "STREAMS", *streams, *(">",) * len(streams))
-        tails = [("XREVRANGE", s, "+", "-", "COUNT", 1) for s in streams]
+        with_tails = not self._flowing
+        tails = [("XREVRANGE", s, "+", "-", "COUNT", 1) for s in streams] if with_tails else []
         self._checked = None  # until the carried-over check below is known to have run
-        commands = [("MULTI",), read, *tails, ("EXEC",), *self._check_commands(shards)]
+        commands = [("MULTI",), read, *tails, ("EXEC",), *self._check_cmds]
         replies = roundtrip(self.conn, commands)
         executed, watched, tokens = replies[-3:]
         _raise_first_error([*replies[:-3], watched, tokens])
         self._checked, self._tokens = shards, tokens
+        self._flowing = False
         if isinstance(executed, ResponseError):
             raise executed
         if executed is None:
@@ -117,8 +123,12 @@ class FencedReader:
             raise reply
         if reply:
             items = reply.items() if isinstance(reply, dict) else reply
-            result.entries = {stream: entries for stream, entries in items if entries}
-        if not result.entries:
+            result.entries = entries = {stream: got for stream, got in items if got}
+            count = self.count
+            self._flowing = len(entries) == len(streams) and all(
+                len(got) >= count for got in entries.values()
+            )
+        elif with_tails:
             result.waits = {
                 s: (tail[0][0] if tail else "0-0")
                 for s, tail in zip(streams, tail_replies, strict=True)

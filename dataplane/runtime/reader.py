@@ -29,6 +29,7 @@ from .config import RuntimeConfig
 from .fenced_read import FencedReader
 from .recovery import Recovery
 from .shard_table import ShardState, ShardStatus, ShardTable, StartShard
+from .wire import HeldConnection
 from .workers import Dispatcher
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,8 @@ class Reader:
         self.stopping = stopping
         self.cluster = cluster
         self.wake = threading.Event()
-        self.conn: Any = None  # the reader's own connection (standalone): reads and waits
+        # The reader's own connection (standalone): reads and waits.
+        self.conn = HeldConnection(read_client, on_connect=self._on_connect)
         self.fenced: FencedReader | None = None  # fenced reads on that connection
         self.conn_id: int | None = None  # its CLIENT ID, for CLIENT UNBLOCK
         # The session lease (time.monotonic() seconds), kept by the Consumer: see
@@ -122,7 +124,7 @@ class Reader:
         if self.cluster:
             self._read_cluster(active, recovering)
             return
-        conn = self._connection()
+        conn = self.conn.get()
         urgent = recovering or self.table.has_control() or self.wake.is_set()
         self.wake.clear()
         waits = self._fenced_read(active)
@@ -132,24 +134,14 @@ class Reader:
             conn.send_command("XREAD", "COUNT", 1, *block)
             conn.read_response()
 
-    def _connection(self) -> Any:
-        if self.conn is None:
-            conn = self.read_client.connection_pool.get_connection()
-            try:
-                conn.send_command("CLIENT", "ID")
-                self.conn_id = int(conn.read_response())
-            except BaseException:
-                self.read_client.connection_pool.release(conn)
-                raise
-            self.conn = conn
-            self.fenced = FencedReader(conn, self.group, self.consumer, self.cfg.batch_size)
-        return self.conn
+    def _on_connect(self, conn: Any) -> None:
+        conn.send_command("CLIENT", "ID")
+        self.conn_id = int(conn.read_response())
+        self.fenced = FencedReader(conn, self.group, self.consumer, self.cfg.batch_size)
 
     def _drop_connection(self) -> None:
-        conn, self.conn, self.conn_id, self.fenced = self.conn, None, None, None
-        if conn is not None:
-            conn.disconnect()
-            self.read_client.connection_pool.release(conn)
+        self.conn_id, self.fenced = None, None
+        self.conn.drop()
 
     def close(self) -> None:
         """After the thread ended: give the connection back."""

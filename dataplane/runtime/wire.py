@@ -44,14 +44,37 @@ def roundtrip(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
     return replies
 
 
-def roundtrip_pooled(client: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
-    """:func:`roundtrip` on a connection of ``client``'s pool (standalone), dropped on error."""
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    try:
-        return roundtrip(conn, commands)
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
+class HeldConnection:
+    """One connection of a client's pool, held by the one thread that uses it (the reader,
+    the acker) instead of a pool checkout per round trip; dropped on any error, taken anew
+    by the next :meth:`get`."""
+
+    def __init__(self, client: Any, on_connect: Callable[[Any], None] | None = None) -> None:
+        self.client = client
+        self.on_connect = on_connect  # runs first on each new connection
+        self.conn: Any = None
+
+    def get(self) -> Any:
+        if self.conn is None:
+            conn = self.client.connection_pool.get_connection()
+            try:
+                if self.on_connect is not None:
+                    self.on_connect(conn)
+            except BaseException:
+                self.client.connection_pool.release(conn)
+                raise
+            self.conn = conn
+        return self.conn
+
+    def roundtrip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        try:
+            return roundtrip(self.get(), commands)
+        except BaseException:
+            self.drop()
+            raise
+
+    def drop(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.disconnect()
+            self.client.connection_pool.release(conn)

@@ -428,6 +428,21 @@ def test_fenced_read_aborts_when_the_token_moves_after_the_check_sent_with_the_l
         assert reader.read([st]).refused == [st]
 
 
+def test_fenced_read_empty_after_a_full_read_asks_for_the_tails_before_waiting(r, prefix):
+    """A read that filled COUNT leaves the tails (XREVRANGE) out of the next one; if that
+    one comes back empty it gives no ID to wait after (the reader reads again at once), and
+    the read after it does: the stream's last entry, so XREAD BLOCK misses nothing."""
+    keys, st = shard_with_one_entry(r, prefix)
+    with fenced_reader(r, count=1) as reader:
+        assert list(reader.read([st]).entries) == [keys.stream]  # full: COUNT 1, one entry
+        empty = reader.read([st])
+        assert empty.entries == {} and empty.waits == {} and not empty.aborted
+        last = r.xadd(keys.stream, {"key": "b"})
+        assert list(reader.read([st]).entries) == [keys.stream]
+        assert reader.read([st]).waits == {}
+        assert reader.read([st]).waits == {keys.stream: last}
+
+
 def shard_with_one_entry(r, prefix) -> tuple[ShardKeys, ShardState]:
     """Shard s:1:0 granted to m-1 at epoch 3 (its token in Redis), one entry "a" unread."""
     keys = ShardKeys("s:1:0", prefix)
