@@ -103,10 +103,11 @@ class AsyncWorkers(LaneWorkers):
                     log.exception("async worker failed on a batch of %s", batch.shard.shard)
                     finished = Finished(batch.shard, settled=len(batch.messages))
                 self._done.append(finished)
-            if not self._hand_over_soon:
-                # One hand-over to the acker per turn of the loop, for all lanes that ran.
-                self._hand_over_soon = True
-                self.loop.call_soon(self._hand_over)
+                if not self._hand_over_soon:
+                    # One hand-over to the acker per turn of the loop, for all lanes that ran
+                    # (a batch whose handlers await hands the ones before it over meanwhile).
+                    self._hand_over_soon = True
+                    self.loop.call_soon(self._hand_over)
 
     def _hand_over(self) -> None:
         self._hand_over_soon = False

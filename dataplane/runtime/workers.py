@@ -3,9 +3,10 @@
 A key always maps to the same lane (``hash(key) % lanes``; entries without the key field use
 their ID), and a lane runs its messages one after another: per-key order holds while
 different keys run in parallel. Each read costs one hand-over per lane: the lane gets a list
-of :class:`Batch` (one per shard the read delivered), and hands the acker one list of
-:class:`Finished` back, never one message (or one shard) per thread hop. A sync handler runs
-on ``workers`` threads, one per lane; an async handler on one event loop (async_workers.py).
+of :class:`Batch` (one per shard the read delivered), never one message (or one shard) per
+thread hop; each batch's :class:`Finished` goes to the acker as soon as it is done. A sync
+handler runs on ``workers`` threads, one per lane; an async handler on one event loop
+(async_workers.py).
 """
 
 from __future__ import annotations
@@ -162,14 +163,15 @@ class ThreadWorkers(LaneWorkers):
 
     def _loop(self, q: SimpleQueue[list[Batch] | None]) -> None:
         while (batches := q.get()) is not None:
-            done: list[Finished] = []
             for batch in batches:
                 try:
-                    done.append(self._run(batch))
+                    finished = self._run(batch)
                 except Exception:
                     log.exception("worker failed on a batch of %s", batch.shard.shard)
-                    done.append(Finished(batch.shard, settled=len(batch.messages)))
-            self.acker.put(done)
+                    finished = Finished(batch.shard, settled=len(batch.messages))
+                # At once, not after the lane's other batches: a slow handler on another
+                # shard must not hold back this shard's ACKs (and its revocation).
+                self.acker.put([finished])
 
     def _run(self, batch: Batch) -> Finished:
         if self.ack_before:

@@ -285,6 +285,37 @@ def test_revoke_finishes_current_leaves_queued_pending(r, prefix, start_runtime)
     wait_until(lambda: got == ids[1:], what="next owner recovered")
 
 
+def test_a_slow_handler_on_one_shard_does_not_hold_back_another_shards_acks(
+    r, prefix, start_runtime
+) -> None:
+    """One read over two shards lands in one lane as two batches (a before b): a's ACK goes
+    out as soon as a's batch is done, while b's handler still runs, so revoking a is not
+    held up by b."""
+    a, b = ShardKeys("s:1:0", prefix), ShardKeys("s:1:1", prefix)
+    release = threading.Event()
+
+    def handler(msg: Message) -> None:
+        if msg.shard == "s:1:1":
+            release.wait(30)  # longer than the wait for a below
+
+    rt = start_runtime(handler, workers=1)
+    for shard in ("s:1:0", "s:1:1"):
+        rt.grant(make_grant(prefix, shard))
+    wait_until(lambda: rt.status("s:1:0") == rt.status("s:1:1") == "ACTIVE")
+    pipe = r.pipeline(transaction=True)  # both in one step: the next read gets both
+    pipe.xadd(a.stream, {"key": "x"})
+    pipe.xadd(b.stream, {"key": "x"})
+    pipe.execute()
+    try:
+        wait_until(lambda: pending(r, b.stream) == 1, what="b read, its handler blocked")
+        wait_until(lambda: rt.in_flight("s:1:0") == 0, what="a finished while b runs")
+        assert not release.is_set()
+        assert pending(r, a.stream) == 0
+    finally:
+        release.set()
+    wait_until(lambda: pending(r, b.stream) == 0, what="b acked once released")
+
+
 def test_abort_stops_acks(r, prefix, start_runtime) -> None:
     shard = "s:1:0"
     keys = ShardKeys(shard, prefix)
