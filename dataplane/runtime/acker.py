@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 from queue import Empty, SimpleQueue
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from .. import scripts
 from ..backoff import Backoff, retry_call
 from ..connections import NET_ERRORS
 from .shard_table import FINAL, ShardState, ShardTable
+from .wire import HeldConnection
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +61,19 @@ class Fenced:
 
 
 class Acker:
-    def __init__(self, fenced: Fenced, table: ShardTable, stopping: threading.Event) -> None:
+    def __init__(
+        self, fenced: Fenced, table: ShardTable, stopping: threading.Event, *, cluster: bool
+    ) -> None:
         self.fenced = fenced
         self.table = table
         self.stopping = stopping
-        self.queue: SimpleQueue[Finished | None] = SimpleQueue()
+        self.cluster = cluster
+        self.conn = HeldConnection(fenced.client)  # standalone: the ACK round trips
+        self.queue: SimpleQueue[list[Finished] | None] = SimpleQueue()
         self.thread = threading.Thread(target=self._loop, name="dp-acker", daemon=True)
 
-    def put(self, finished: Finished) -> None:
+    def put(self, finished: list[Finished]) -> None:
+        """Hand over what a worker finished (one list per hand-over, not per shard)."""
         self.queue.put(finished)
 
     def start(self) -> None:
@@ -75,17 +83,19 @@ class Acker:
         """Flush what is queued, then end (call after the workers ended)."""
         self.queue.put(None)
         self.thread.join(timeout)
+        if not self.thread.is_alive():
+            self.conn.drop()
 
     def _loop(self) -> None:
         while True:
-            items = [self.queue.get()]
+            got = [self.queue.get()]
             while True:  # drain what piled up meanwhile: batching grows with load
                 try:
-                    items.append(self.queue.get_nowait())
+                    got.append(self.queue.get_nowait())
                 except Empty:
                     break
-            self._flush([i for i in items if i is not None])
-            if None in items:
+            self._flush([f for batch in got if batch is not None for f in batch])
+            if None in got:
                 return
 
     def _flush(self, items: list[Finished]) -> None:
@@ -105,7 +115,7 @@ class Acker:
         while order:
             calls = [(scripts.ack, *self.fenced.ack_args(st, ids)) for st, ids in order]
             try:
-                results = scripts.run_many(self.fenced.client, calls)
+                results = self._run(calls)
             except NET_ERRORS as exc:
                 results = [exc] * len(order)
             retry: list[tuple[ShardState, list[str]]] = []
@@ -126,3 +136,21 @@ class Acker:
                 return
             log.warning("ACK of %d shards failed (a node is unreachable): retrying", len(order))
             backoff.wait()
+
+    def _run(self, calls: list[tuple[scripts.Lua, list[str], list[Any]]]) -> list[Any]:
+        """The ACK calls in one round trip (results or exceptions, in order). Standalone: by
+        SHA on the acker's own connection, packed by hiredis; a script the server lost (restart,
+        SCRIPT FLUSH) is loaded again by the single call that redoes it."""
+        client = self.fenced.client
+        if self.cluster:
+            return scripts.run_many(client, calls)
+        commands = [("EVALSHA", lua.sha, len(keys), *keys, *args) for lua, keys, args in calls]
+        results = self.conn.roundtrip(commands)
+        for i, res in enumerate(results):
+            if isinstance(res, ResponseError) and scripts.is_noscript(res):
+                lua, keys, args = calls[i]
+                try:
+                    results[i] = lua(client, keys, args)
+                except Exception as exc:
+                    results[i] = exc
+        return results

@@ -32,11 +32,13 @@ class AsyncWorkers(LaneWorkers):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.loop = asyncio.new_event_loop()
-        self.queues: list[asyncio.Queue[Batch | None]] = [
+        self.queues: list[asyncio.Queue[list[Batch] | None]] = [
             asyncio.Queue() for _ in range(self.lanes)
         ]
         self._stop_now = asyncio.Event()
-        self.inbox: SimpleQueue[tuple[ShardState, list[list[Message]]] | None] = SimpleQueue()
+        self.inbox: SimpleQueue[list[list[Batch]] | None] = SimpleQueue()
+        self._done: list[Finished] = []  # finished by the lanes, for the acker
+        self._hand_over_soon = False
         self.thread = threading.Thread(target=self._run_loop, name="dp-async", daemon=True)
         self.feeder = threading.Thread(target=self._feed, name="dp-async-feed", daemon=True)
 
@@ -51,10 +53,10 @@ class AsyncWorkers(LaneWorkers):
         if not self.thread.is_alive():
             self.loop.close()
 
-    def submit(self, st: ShardState, per_lane: list[list[Message]]) -> None:
+    def submit(self, per_lane: list[list[Batch]]) -> None:
         # A plain queue put: waking the loop costs a socket write, which releases the GIL
         # and would stall the reader behind busy threads. The feeder thread pays that.
-        self.inbox.put((st, per_lane))
+        self.inbox.put(per_lane)
 
     def _feed(self) -> None:
         """Move what the reader submitted into the loop, one hop for all that piled up."""
@@ -69,15 +71,14 @@ class AsyncWorkers(LaneWorkers):
             if None in items:
                 return
 
-    def _accept(self, items: list[tuple[ShardState, list[list[Message]]] | None]) -> None:
-        for item in items:
-            if item is None:
+    def _accept(self, items: list[list[list[Batch]] | None]) -> None:
+        for per_lane in items:
+            if per_lane is None:
                 self._close()
                 return
-            st, per_lane = item
-            for q, msgs in zip(self.queues, per_lane, strict=True):
-                if msgs:
-                    q.put_nowait(Batch(st, msgs))
+            for q, batches in zip(self.queues, per_lane, strict=True):
+                if batches:
+                    q.put_nowait(batches)
 
     def _close(self) -> None:
         self._stop_now.set()
@@ -90,20 +91,33 @@ class AsyncWorkers(LaneWorkers):
 
     async def _main(self) -> None:
         await asyncio.gather(*(self._lane(q) for q in self.queues))
+        self._hand_over()
         await self.loop.shutdown_default_executor()  # the helper threads of to_thread
 
-    async def _lane(self, q: asyncio.Queue[Batch | None]) -> None:
-        while (batch := await q.get()) is not None:
-            try:
-                await self._run(batch)
-            except Exception:
-                log.exception("async worker failed on a batch of %s", batch.shard.shard)
-                self.acker.put(Finished(batch.shard, settled=len(batch.messages)))
+    async def _lane(self, q: asyncio.Queue[list[Batch] | None]) -> None:
+        while (batches := await q.get()) is not None:
+            for batch in batches:
+                try:
+                    finished = await self._run(batch)
+                except Exception:
+                    log.exception("async worker failed on a batch of %s", batch.shard.shard)
+                    finished = Finished(batch.shard, settled=len(batch.messages))
+                self._done.append(finished)
+                if not self._hand_over_soon:
+                    # One hand-over to the acker per turn of the loop, for all lanes that ran
+                    # (a batch whose handlers await hands the ones before it over meanwhile).
+                    self._hand_over_soon = True
+                    self.loop.call_soon(self._hand_over)
 
-    async def _run(self, batch: Batch) -> None:
+    def _hand_over(self) -> None:
+        self._hand_over_soon = False
+        if self._done:
+            done, self._done = self._done, []
+            self.acker.put(done)
+
+    async def _run(self, batch: Batch) -> Finished:
         if self.ack_before:
-            await self._run_ack_before(batch)
-            return
+            return await self._run_ack_before(batch)
         st, msgs = batch.shard, batch.messages
         tally = Tally()
         done, handler, max_deliveries = tally.ids, self.handler, self.retry.cfg.max_deliveries
@@ -122,9 +136,9 @@ class AsyncWorkers(LaneWorkers):
                     outcome = await self._retry(st, msg, exc, ack=True)
             if not tally.add(msg, outcome, len(msgs) - i):
                 break
-        self.acker.put(Finished(st, tally.ids, tally.settled))
+        return Finished(st, tally.ids, tally.settled)
 
-    async def _run_ack_before(self, batch: Batch) -> None:
+    async def _run_ack_before(self, batch: Batch) -> Finished:
         st, msgs = batch.shard, batch.messages
         ids = [m.id for m in msgs]
         if st.handling and await asyncio.to_thread(self.fenced.ack_now, st, ids) != -1:
@@ -133,7 +147,7 @@ class AsyncWorkers(LaneWorkers):
                     await self.handler(msg)
                 except Exception as exc:
                     await self._retry(st, msg, exc, ack=False)
-        self.acker.put(Finished(st, settled=len(msgs)))
+        return Finished(st, settled=len(msgs))
 
     async def _retry(self, st: ShardState, msg: Message, exc: Exception, *, ack: bool) -> Outcome:
         backoff = self.retry.backoff()

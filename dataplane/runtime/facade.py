@@ -73,7 +73,7 @@ class Runtime:
         self.table = ShardTable(self.max_in_flight)
         self.changed = self.table.changed  # set when in-flight drops or drained/lost change
         self.fenced = Fenced(self.client, group, self.table, self._stopping)
-        self.acker = Acker(self.fenced, self.table, self._stopping)
+        self.acker = Acker(self.fenced, self.table, self._stopping, cluster=cluster)
         retry = Retry(cfg, self.fenced)
         ack_before = cfg.ack == "before"
         parts = (lanes, retry, self.acker, self.fenced, self._stopping)

@@ -26,9 +26,10 @@ from .. import scripts
 from ..backoff import Backoff
 from ..connections import NET_ERRORS
 from .config import RuntimeConfig
-from .fenced_read import fenced_read, pairs
+from .fenced_read import FencedReader
 from .recovery import Recovery
 from .shard_table import ShardState, ShardStatus, ShardTable, StartShard
+from .wire import HeldConnection
 from .workers import Dispatcher
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,9 @@ class Reader:
         self.stopping = stopping
         self.cluster = cluster
         self.wake = threading.Event()
-        self.conn: Any = None  # the reader's own connection (standalone): reads and waits
+        # The reader's own connection (standalone): reads and waits.
+        self.conn = HeldConnection(read_client, on_connect=self._on_connect)
+        self.fenced: FencedReader | None = None  # fenced reads on that connection
         self.conn_id: int | None = None  # its CLIENT ID, for CLIENT UNBLOCK
         # The session lease (time.monotonic() seconds), kept by the Consumer: see
         # Runtime.read_deadline. inf: no lease (direct use).
@@ -121,44 +124,36 @@ class Reader:
         if self.cluster:
             self._read_cluster(active, recovering)
             return
-        conn = self._connection()
+        conn = self.conn.get()
         urgent = recovering or self.table.has_control() or self.wake.is_set()
         self.wake.clear()
-        waits = self._fenced_read(conn, active)
+        waits = self._fenced_read(active)
         if waits and not urgent:
             # Delivers to no PEL: it only tells us when to read again.
             block = ("BLOCK", self.cfg.block_ms, "STREAMS", *waits, *waits.values())
             conn.send_command("XREAD", "COUNT", 1, *block)
             conn.read_response()
 
-    def _connection(self) -> Any:
-        if self.conn is None:
-            conn = self.read_client.connection_pool.get_connection()
-            try:
-                conn.send_command("CLIENT", "ID")
-                self.conn_id = int(conn.read_response())
-            except BaseException:
-                self.read_client.connection_pool.release(conn)
-                raise
-            self.conn = conn
-        return self.conn
+    def _on_connect(self, conn: Any) -> None:
+        conn.send_command("CLIENT", "ID")
+        self.conn_id = int(conn.read_response())
+        self.fenced = FencedReader(conn, self.group, self.consumer, self.cfg.batch_size)
 
     def _drop_connection(self) -> None:
-        conn, self.conn, self.conn_id = self.conn, None, None
-        if conn is not None:
-            conn.disconnect()
-            self.read_client.connection_pool.release(conn)
+        self.conn_id, self.fenced = None, None
+        self.conn.drop()
 
     def close(self) -> None:
         """After the thread ended: give the connection back."""
         self._drop_connection()
 
-    def _fenced_read(self, conn: Any, active: list[ShardState]) -> dict[str, str]:
+    def _fenced_read(self, active: list[ShardState]) -> dict[str, str]:
         """Read new entries of the shards still ours; returns {stream: id to wait after} when
         nothing was read (empty: something was read, or nothing is readable)."""
+        assert self.fenced is not None  # noqa: S101 - narrowing: made with the connection
         self.table.begin_read(active)
         try:
-            res = fenced_read(conn, self.group, self.consumer, self.cfg.batch_size, active)
+            res = self.fenced.read(active)
         except NET_ERRORS:
             self.table.reread_own_pending(active)
             raise
@@ -171,10 +166,10 @@ class Reader:
             return {}
         try:
             self._refuse(res.refused)
-            for stream, entries in res.entries.items():
-                owner = self.table.by_stream(stream)
-                if owner is not None:
-                    self.dispatcher.dispatch(owner, entries)
+            by_stream = self.table.by_stream
+            reads = [(o, e) for s, e in res.entries.items() if (o := by_stream(s)) is not None]
+            if reads:
+                self.dispatcher.dispatch_read(reads, flat=True)
         finally:
             self.table.end_read()
         return res.waits
@@ -195,6 +190,7 @@ class Reader:
             for st in active
         ]  # fmt: skip
         got = 0
+        reads: list[tuple[ShardState, list[Any]]] = []
         self.table.begin_read(active)
         try:
             results = scripts.run_many(self.read_client, calls)
@@ -210,7 +206,9 @@ class Reader:
                     self._refuse([st])
                 for _stream, entries in reply or ():
                     got += len(entries)
-                    self.dispatcher.dispatch(st, pairs(entries))
+                    reads.append((st, entries))
+            if reads:
+                self.dispatcher.dispatch_read(reads, flat=True)
             for st in by_problem["NOGROUP"]:
                 self.table.enqueue(StartShard(st.grant))
             if by_problem["error"]:

@@ -2,9 +2,11 @@
 
 A key always maps to the same lane (``hash(key) % lanes``; entries without the key field use
 their ID), and a lane runs its messages one after another: per-key order holds while
-different keys run in parallel. The reader hands each lane one list per shard and read (a
-:class:`Batch`), never one message per thread hop. A sync handler runs on ``workers`` threads,
-one per lane; an async handler on one event loop (async_workers.py).
+different keys run in parallel. Each read costs one hand-over per lane: the lane gets a list
+of :class:`Batch` (one per shard the read delivered), never one message (or one shard) per
+thread hop; each batch's :class:`Finished` goes to the acker as soon as it is done. A sync
+handler runs on ``workers`` threads, one per lane; an async handler on one event loop
+(async_workers.py).
 """
 
 from __future__ import annotations
@@ -37,13 +39,13 @@ class Batch:
 class Workers(Protocol):
     lanes: int
 
-    def submit(self, st: ShardState, per_lane: list[list[Message]]) -> None: ...
+    def submit(self, per_lane: list[list[Batch]]) -> None: ...
     def start(self) -> None: ...
     def stop(self, timeout: float) -> None: ...
 
 
 class Dispatcher:
-    """Turns entries read from a shard into Messages, counted in flight, one list per lane."""
+    """Turns entries read from shards into Messages, counted in flight, one list per lane."""
 
     def __init__(self, key_field: str, table: ShardTable, workers: Workers, acker: Acker) -> None:
         self.key_field = key_field
@@ -60,25 +62,51 @@ class Dispatcher:
     ) -> None:
         """``counts``: delivery counts of recovered entries (new ones are at 1); ``advance``:
         move the shard's re-read position to the last entry."""
+        self.dispatch_read([(st, entries)], counts, advance)
+
+    def dispatch_read(
+        self,
+        reads: list[tuple[ShardState, list[Any]]],
+        counts: dict[str, int] | None = None,
+        advance: bool = True,
+        *,
+        flat: bool = False,
+    ) -> None:
+        """Everything one read delivered, over several shards: each lane gets one hand-over
+        (a list of batches), not one per shard. ``flat``: the fields are Redis's flat
+        [field, value, ...] lists (turned into dicts here, in the same pass)."""
         key_field = self.key_field
         lanes = self.workers.lanes
-        shard = st.shard
-        per_lane: list[list[Message]] = [[] for _ in range(lanes)]
-        gone: list[str] = []  # deleted/trimmed entries still in our PEL: nothing to run
-        for entry in entries:
-            msg_id, fields = entry[0], entry[1]
-            if not fields:
-                gone.append(msg_id)
-                continue
-            key = fields.get(key_field)
-            if key is None:
-                key = msg_id  # keyless: no order to keep, spread them
-            dc = counts.get(msg_id, 1) if counts is not None else 1
-            per_lane[hash(key) % lanes].append(Message(shard, msg_id, key, fields, dc))
-        self.table.add(st, len(entries), entries[-1][0] if advance else None)
-        self.workers.submit(st, per_lane)
+        per_lane: list[list[Batch]] = [[] for _ in range(lanes)]
+        gone: list[Finished] = []
+        for st, entries in reads:
+            # The per-message path: one pass, no intermediate lists.
+            shard = st.shard
+            msgs_by_lane: list[list[Message]] = [[] for _ in range(lanes)]
+            to_lane = [msgs.append for msgs in msgs_by_lane]
+            dead: list[str] = []  # deleted/trimmed entries still in our PEL: nothing to run
+            for entry in entries:
+                msg_id, fields = entry[0], entry[1]
+                if not fields:
+                    dead.append(msg_id)
+                    continue
+                if flat:
+                    it = iter(fields)
+                    fields = dict(zip(it, it))  # noqa: B905 - pairs by construction
+                key = fields.get(key_field)
+                if key is None:
+                    key = msg_id  # keyless: no order to keep, spread them
+                dc = 1 if counts is None else counts.get(msg_id, 1)
+                to_lane[hash(key) % lanes](Message(shard, msg_id, key, fields, dc))
+            self.table.add(st, len(entries), entries[-1][0] if advance else None)
+            for batches, msgs in zip(per_lane, msgs_by_lane, strict=True):
+                if msgs:
+                    batches.append(Batch(st, msgs))
+            if dead:
+                gone.append(Finished(st, dead))
+        self.workers.submit(per_lane)
         if gone:
-            self.acker.put(Finished(st, gone))
+            self.acker.put(gone)
 
 
 class LaneWorkers:
@@ -109,7 +137,9 @@ class ThreadWorkers(LaneWorkers):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.queues: list[SimpleQueue[Batch | None]] = [SimpleQueue() for _ in range(self.lanes)]
+        self.queues: list[SimpleQueue[list[Batch] | None]] = [
+            SimpleQueue() for _ in range(self.lanes)
+        ]
         self.threads = [
             threading.Thread(target=self._loop, args=(q,), name=f"dp-worker-{i}", daemon=True)
             for i, q in enumerate(self.queues)
@@ -126,23 +156,26 @@ class ThreadWorkers(LaneWorkers):
         for t in self.threads:
             t.join(timeout)
 
-    def submit(self, st: ShardState, per_lane: list[list[Message]]) -> None:
-        for q, msgs in zip(self.queues, per_lane, strict=True):
-            if msgs:
-                q.put(Batch(st, msgs))
+    def submit(self, per_lane: list[list[Batch]]) -> None:
+        for q, batches in zip(self.queues, per_lane, strict=True):
+            if batches:
+                q.put(batches)
 
-    def _loop(self, q: SimpleQueue[Batch | None]) -> None:
-        while (batch := q.get()) is not None:
-            try:
-                self._run(batch)
-            except Exception:
-                log.exception("worker failed on a batch of %s", batch.shard.shard)
-                self.acker.put(Finished(batch.shard, settled=len(batch.messages)))
+    def _loop(self, q: SimpleQueue[list[Batch] | None]) -> None:
+        while (batches := q.get()) is not None:
+            for batch in batches:
+                try:
+                    finished = self._run(batch)
+                except Exception:
+                    log.exception("worker failed on a batch of %s", batch.shard.shard)
+                    finished = Finished(batch.shard, settled=len(batch.messages))
+                # At once, not after the lane's other batches: a slow handler on another
+                # shard must not hold back this shard's ACKs (and its revocation).
+                self.acker.put([finished])
 
-    def _run(self, batch: Batch) -> None:
+    def _run(self, batch: Batch) -> Finished:
         if self.ack_before:
-            self._run_ack_before(batch)
-            return
+            return self._run_ack_before(batch)
         st, msgs = batch.shard, batch.messages
         tally = Tally()
         done, handler, max_deliveries = tally.ids, self.handler, self.retry.cfg.max_deliveries
@@ -163,9 +196,9 @@ class ThreadWorkers(LaneWorkers):
                     outcome = self._retry(st, msg, exc, ack=True)
             if not tally.add(msg, outcome, len(msgs) - i):
                 break
-        self.acker.put(Finished(st, tally.ids, tally.settled))
+        return Finished(st, tally.ids, tally.settled)
 
-    def _run_ack_before(self, batch: Batch) -> None:
+    def _run_ack_before(self, batch: Batch) -> Finished:
         st, msgs = batch.shard, batch.messages
         if st.handling and self.fenced.ack_now(st, [m.id for m in msgs]) != -1:
             for msg in msgs:
@@ -173,7 +206,7 @@ class ThreadWorkers(LaneWorkers):
                     self.handler(msg)
                 except Exception as exc:
                     self._retry(st, msg, exc, ack=False)
-        self.acker.put(Finished(st, settled=len(msgs)))
+        return Finished(st, settled=len(msgs))
 
     def _retry(self, st: ShardState, msg: Message, exc: Exception, *, ack: bool) -> Outcome:
         backoff = self.retry.backoff()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis
@@ -14,7 +16,8 @@ from dataplane import scripts
 from dataplane.message import Message
 from dataplane.routing import ShardKeys
 from dataplane.runtime import ack_mode_from_capabilities, detect_ack_mode
-from dataplane.runtime.shard_table import ShardStatus, ShardTable, StopShard
+from dataplane.runtime.fenced_read import FencedReader
+from dataplane.runtime.shard_table import ShardState, ShardStatus, ShardTable, StopShard
 
 from .conftest import group_info, make_grant, pending, wait_until
 
@@ -286,6 +289,37 @@ def test_revoke_finishes_current_leaves_queued_pending(r, prefix, start_runtime)
     wait_until(lambda: got == ids[1:], what="next owner recovered")
 
 
+def test_a_slow_handler_on_one_shard_does_not_hold_back_another_shards_acks(
+    r, prefix, start_runtime
+) -> None:
+    """One read over two shards lands in one lane as two batches (a before b): a's ACK goes
+    out as soon as a's batch is done, while b's handler still runs, so revoking a is not
+    held up by b."""
+    a, b = ShardKeys("s:1:0", prefix), ShardKeys("s:1:1", prefix)
+    release = threading.Event()
+
+    def handler(msg: Message) -> None:
+        if msg.shard == "s:1:1":
+            release.wait(30)  # longer than the wait for a below
+
+    rt = start_runtime(handler, workers=1)
+    for shard in ("s:1:0", "s:1:1"):
+        rt.grant(make_grant(prefix, shard))
+    wait_until(lambda: rt.status("s:1:0") == rt.status("s:1:1") == "ACTIVE")
+    pipe = r.pipeline(transaction=True)  # both in one step: the next read gets both
+    pipe.xadd(a.stream, {"key": "x"})
+    pipe.xadd(b.stream, {"key": "x"})
+    pipe.execute()
+    try:
+        wait_until(lambda: pending(r, b.stream) == 1, what="b read, its handler blocked")
+        wait_until(lambda: rt.in_flight("s:1:0") == 0, what="a finished while b runs")
+        assert not release.is_set()
+        assert pending(r, a.stream) == 0
+    finally:
+        release.set()
+    wait_until(lambda: pending(r, b.stream) == 0, what="b acked once released")
+
+
 def test_abort_stops_acks(r, prefix, start_runtime) -> None:
     shard = "s:1:0"
     keys = ShardKeys(shard, prefix)
@@ -397,38 +431,91 @@ def test_fenced_read_script_reads_only_shards_whose_token_is_ours(r, prefix) -> 
 def test_fenced_read_aborts_when_the_token_moves_between_the_check_and_the_read(r, prefix):
     """The member is frozen after its fence check (WATCH + MGET) and before the read (MULTI
     XREADGROUP EXEC): the next owner raises the token in that gap, and Redis runs nothing."""
-    from dataplane.runtime.fenced_read import fenced_read
-    from dataplane.runtime.shard_table import ShardTable
+    keys, st = shard_with_one_entry(r, prefix)
+    sent: list[int] = []
 
+    def frozen_before_the_read() -> None:
+        if len(sent) == 2:  # the check went out; the read is next: the token moves now
+            assert scripts.fence_raise(r, [keys.fence("g")], [4, "m-2"])[0] == 1
+
+    with fenced_reader(r, sent, frozen_before_the_read) as reader:
+        res = reader.read([st])
+        assert res.aborted
+        assert res.entries == {}
+        assert pending(r, keys.stream) == 0  # nothing entered m-1's PEL
+        # Its next read sees the new token at the check and refuses the shard.
+        assert reader.read([st]).refused == [st]
+    with fenced_reader(r) as fresh:
+        assert fresh.read([st]).refused == [st]
+
+
+def test_fenced_read_aborts_when_the_token_moves_after_the_check_sent_with_the_last_read(r, prefix):
+    """While entries flow the next read's check rides in the previous read's write: a token
+    raised after that check, while the member handles the batch (or is frozen), makes the
+    next read's EXEC abort, so nothing enters the stale member's PEL."""
+    keys, st = shard_with_one_entry(r, prefix)
+    sent: list[int] = []
+    with fenced_reader(r, sent, count=1) as reader:
+        first = reader.read([st])
+        assert [e[0] for e in first.entries[keys.stream]] == [r.xrange(keys.stream)[0][0]]
+        assert len(sent) == 2  # the first check, then the read with the next check
+        assert scripts.fence_raise(r, [keys.fence("g")], [4, "m-2"])[0] == 1
+        r.xadd(keys.stream, {"key": "b"})
+        second = reader.read([st])
+        assert len(sent) == 3  # no check of its own: the one sent with the first read
+        assert second.aborted
+        assert second.entries == {}
+        assert pending(r, keys.stream) == 1  # only "a", read while the token was ours
+        assert reader.read([st]).refused == [st]
+
+
+def test_fenced_read_empty_after_a_full_read_asks_for_the_tails_before_waiting(r, prefix):
+    """A read that filled COUNT leaves the tails (XREVRANGE) out of the next one; if that
+    one comes back empty it gives no ID to wait after (the reader reads again at once), and
+    the read after it does: the stream's last entry, so XREAD BLOCK misses nothing."""
+    keys, st = shard_with_one_entry(r, prefix)
+    with fenced_reader(r, count=1) as reader:
+        assert list(reader.read([st]).entries) == [keys.stream]  # full: COUNT 1, one entry
+        empty = reader.read([st])
+        assert empty.entries == {}
+        assert empty.waits == {}
+        assert not empty.aborted
+        last = r.xadd(keys.stream, {"key": "b"})
+        assert list(reader.read([st]).entries) == [keys.stream]
+        assert reader.read([st]).waits == {}
+        assert reader.read([st]).waits == {keys.stream: last}
+
+
+def shard_with_one_entry(r, prefix) -> tuple[ShardKeys, ShardState]:
+    """Shard s:1:0 granted to m-1 at epoch 3 (its token in Redis), one entry "a" unread."""
     keys = ShardKeys("s:1:0", prefix)
     r.xgroup_create(keys.stream, "g", id="0", mkstream=True)
     r.xadd(keys.stream, {"key": "a"})
     r.set(keys.fence("g"), "3:m-1")
-    st = ShardTable(10).install(make_grant(prefix, "s:1:0", epoch=3, member="m-1"))
+    return keys, ShardTable(10).install(make_grant(prefix, "s:1:0", epoch=3, member="m-1"))
+
+
+@contextmanager
+def fenced_reader(
+    r, sent: list[int] | None = None, before_send=None, count: int = 10
+) -> Iterator[FencedReader]:
+    """A FencedReader on a connection of its own; ``sent`` counts its writes, ``before_send``
+    runs before each (a member frozen at that point)."""
     pool = redis.ConnectionPool(**r.connection_pool.connection_kwargs)
     client = redis.Redis(connection_pool=pool)
     conn = client.connection_pool.get_connection()
     real_send = conn.send_packed_command
-    sent: list[int] = []
 
-    def frozen_before_the_read(packed, *args, **kwargs):
-        sent.append(1)
-        if len(sent) == 2:  # the check went out; the read is next: the token moves now
-            assert scripts.fence_raise(r, [keys.fence("g")], [4, "m-2"])[0] == 1
+    def counted(packed, *args, **kwargs):
+        if sent is not None:
+            sent.append(1)
+        if before_send is not None:
+            before_send()
         return real_send(packed, *args, **kwargs)
 
-    conn.send_packed_command = frozen_before_the_read
+    conn.send_packed_command = counted
     try:
-        res = fenced_read(conn, "g", "m-1", 10, [st])
+        yield FencedReader(conn, "g", "m-1", count)
     finally:
         client.connection_pool.release(conn)
         client.close()
-    assert res.aborted
-    assert res.entries == {}
-    assert pending(r, keys.stream) == 0  # nothing entered m-1's PEL
-    # Its next read sees the new token at the check and refuses the shard.
-    conn = r.connection_pool.get_connection()
-    try:
-        assert fenced_read(conn, "g", "m-1", 10, [st]).refused == [st]
-    finally:
-        r.connection_pool.release(conn)
