@@ -152,6 +152,7 @@ def main() -> None:
     shards = int(os.environ.get("BENCH_ROLLING_SHARDS", 64))
     recreate_database(os.environ["DATABASE_URL"])
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "coordinator_project.settings")
+    os.environ.setdefault("SECRET_KEY", "bench-insecure-key")  # the settings refuse to load without one
     import django
 
     django.setup()
