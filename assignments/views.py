@@ -25,6 +25,7 @@ from dataplane.protocol import JOIN_EPOCH, ErrorCode
 from groups.access import authorize_group
 from groups.api_errors import error_body
 from groups.api_parsers import BoundedJSONParser
+from groups.metadata import rendered
 from groups.ratelimit import join_retry_after
 
 
@@ -39,9 +40,26 @@ class JsonOnly(BaseContentNegotiation):
         return renderers[0], renderers[0].media_type
 
 
+class HeartbeatRenderer(JSONRenderer):
+    """JSONRenderer, with the metadata document's cached text spliced in: joins and R7
+    answers carry the whole document (~800 KB for 4,096 shards, ~7 ms to render each time)."""
+
+    def render(self, data: Any, accepted_media_type: str | None = None,
+               renderer_context: dict[str, Any] | None = None) -> bytes:
+        if (isinstance(data, dict) and data and isinstance(data.get("metadata"), dict)
+                and next(reversed(data)) == "metadata"
+                and self.get_indent(accepted_media_type or "", renderer_context or {}) is None):
+            text = rendered(data["metadata"])
+            if text is not None:
+                head = super().render({k: v for k, v in data.items() if k != "metadata"},
+                                      accepted_media_type, renderer_context)
+                return head[:-1] + b',"metadata":' + text + b"}"
+        return super().render(data, accepted_media_type, renderer_context)
+
+
 class HeartbeatView(APIView):
     parser_classes = [BoundedJSONParser]
-    renderer_classes = [JSONRenderer]
+    renderer_classes = [HeartbeatRenderer]
     content_negotiation_class = JsonOnly
     logs_refusals = True  # record_heartbeat logs every refusal (rate-limited where repeatable)
 

@@ -41,6 +41,29 @@ def test_r1_join_over_http_returns_full_response(hb: Hb):
     }
 
 
+def test_r1_join_answer_carries_the_cached_metadata_text_byte_for_byte(api, orders):
+    """The join's body is exactly what DRF's JSONRenderer writes, though the metadata
+    document's text comes from the per-epoch cache (HeartbeatRenderer)."""
+    from rest_framework.renderers import JSONRenderer
+
+    from assignments.views import HeartbeatRenderer
+    from groups.metadata import group_metadata, rendered
+    from groups.models import Group
+
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {orders.key}"}
+    r = api.post(orders.url(), {"memberId": "m1", "memberEpoch": 0}, format="json", **headers)
+    assert r.status_code == 200
+    assert r.content == JSONRenderer().render(r.json())
+    group = Group.objects.select_related("stream").get(name=orders.group)
+    doc = group_metadata(group)
+    assert rendered(doc) is rendered(doc)  # rendered once per document
+    assert rendered({**doc}) is None  # not a cached document: rendered the usual way
+    body = {"errorCode": "NONE", "memberId": "m\u2028é", "metadata": doc}
+    assert HeartbeatRenderer().render(body) == JSONRenderer().render(body)
+    moved = {"metadata": doc, "errorCode": "NONE"}  # metadata not last: no splice
+    assert HeartbeatRenderer().render(moved) == JSONRenderer().render(moved)
+
+
 def test_r1_two_members_converge_and_db_has_one_owner_per_shard(hb: Hb):
     a = join(hb, "a")
     b = join(hb, "b")
