@@ -9,10 +9,11 @@ from django.db import transaction
 
 from assignments import fastpath
 from assignments.store import (
+    group_gate,
     live_member_counts,
-    load_for_heartbeat,
     load_member_view,
     load_state,
+    lock_and_load,
     lock_group,
     save_state,
     snapshots_enabled,
@@ -44,8 +45,11 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> Heartbea
         refused = _refused_join(group_name, req)
         if refused is not None:
             return HeartbeatResult(refused, None)  # decided without the lock or a snapshot
-    with transaction.atomic():
-        group = lock_group(group_name)
+    with group_gate(group_name), transaction.atomic():
+        if snapshots_enabled():
+            group, state, loaded = lock_and_load(group_name, req.member_id)
+        else:
+            group, state, loaded = lock_group(group_name), None, None
         if group is None:
             return HeartbeatResult(
                 HeartbeatResponse(
@@ -55,13 +59,12 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> Heartbea
                 ),
                 None,
             )
-        if snapshots_enabled():
-            state, loaded = load_for_heartbeat(group, req.member_id)
-        elif engine.needs_full_state(req, group.rebalance_due_at, now):
-            state, loaded = load_state(group, req.member_id)
-        else:
-            claimed = (req.owned_shards or ()) + tuple(r.shard for r in req.revoking_shards)
-            state, loaded = load_member_view(group, req.member_id, claimed)
+        if state is None or loaded is None:  # no snapshots: load what this heartbeat needs
+            if engine.needs_full_state(req, group.rebalance_due_at, now):
+                state, loaded = load_state(group, req.member_id)
+            else:
+                claimed = (req.owned_shards or ()) + tuple(r.shard for r in req.revoking_shards)
+                state, loaded = load_member_view(group, req.member_id, claimed)
         response = engine.heartbeat(state, req, now)
         if response.error_code != ErrorCode.NONE:
             return HeartbeatResult(response, None)  # R8: a refused heartbeat changes nothing

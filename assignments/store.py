@@ -9,15 +9,18 @@ import json
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.utils import timezone
 
 from assignments.models import ShardAssignment
 from coordination.model import LIVE_STATUSES, Changes, GroupState, Member, MemberStatus, ShardSlot
-from groups.models import Event, Group, Shard, VersionState
+from groups.models import Event, Group, Shard, Stream, VersionState
 from members.models import Member as MemberRow
 
 _LIVE = [s.value for s in LIVE_STATUSES]
@@ -331,6 +334,40 @@ def _checkin(group_pk: int, snap: Snapshot) -> None:
             _snapshots.popitem(last=False)
 
 
+# One locked pass per group at a time in each process. Without it, when a pass commits, the
+# next waiter on the group's row lock may be another request of the same worker that wakes
+# before the committing one has put the snapshot back (gevent runs either first): it finds no
+# snapshot and loads the whole group (~20 ms for 1,000 × 4,096). In a join storm that was one
+# locked pass in six. Waiting here is cooperative (gevent patches threading) and costs
+# nothing the row lock would not: the passes of a group run one at a time anyway.
+_gates: dict[str, threading.Lock] = {}
+_gates_lock = threading.Lock()
+
+
+@contextmanager
+def group_gate(name: str, *, wait: bool = True) -> Iterator[bool]:
+    """Hold this process's gate of group `name` for a locked pass (load → core → save →
+    commit → snapshot back). Yields False, without waiting, when `wait` is off and the gate
+    is taken. Call it outside any transaction: before waiting it hands this request's
+    database connection back (to the pool under gevent), since the holder may need one."""
+    with _gates_lock:
+        gate = _gates.get(name)
+        if gate is None:
+            gate = _gates[name] = threading.Lock()
+    if not gate.acquire(blocking=False):
+        if not wait:
+            yield False
+            return
+        # Waiters holding pooled connections would starve the holder of one (a deadlock until
+        # the pool's timeout): a waiter keeps none.
+        connection.close()
+        gate.acquire()
+    try:
+        yield True
+    finally:
+        gate.release()
+
+
 def forget_snapshots() -> None:
     with _snapshots_lock:
         _snapshots.clear()
@@ -349,8 +386,11 @@ def steady_snapshot(group_pk: int, version: int, shape: tuple[object, ...]) -> S
     if snap is None:
         return None
     if snap.version != version or snap.shape != shape:
-        if snap.shape == shape and snap.version < version:
-            _checkin(group_pk, snap)  # behind: the next locked pass here catches it up
+        # Behind: the next locked pass here catches it up. Ahead: the caller's read of the
+        # group row started before the commit that this snapshot already holds (reads are
+        # shared, fastpath._GroupReads). Either way it stays; a locked pass drops a snapshot
+        # that does not fit the locked row. (Dropping it here cost a full load of the group.)
+        _checkin(group_pk, snap)
         return None
     return snap
 
@@ -362,23 +402,30 @@ def return_snapshot(group_pk: int, snap: Snapshot) -> None:
 def refresh_snapshot(group_name: str) -> None:
     """Bring this process's snapshot of the group up to date, if the group lock is free now
     (a steady heartbeat found it behind; waiting here would queue it behind a join)."""
-    with transaction.atomic():
+    with group_gate(group_name, wait=False) as free, transaction.atomic():
+        if not free:
+            return
         group = (Group.objects.select_for_update(of=("self",), skip_locked=True)
                  .select_related("stream").filter(name=group_name).first())
         if group is not None:
             load_for_heartbeat(group, None)
 
 
-def _catch_up(snap: Snapshot, group: Group) -> None:
-    """Re-read the member and slot rows written after the snapshot's version (under the lock)."""
+def _catch_up(snap: Snapshot, group: Group, fetched: _Prefetch | None = None) -> None:
+    """Re-read the member and slot rows written after the snapshot's version (under the lock),
+    or use the ones `lock_and_load` read with the lock."""
     state, loaded = snap.state, snap.loaded
     with connection.cursor() as cursor:
-        cursor.execute(_MEMBER_SQL + " AND state_version > %s", [group.pk, snap.version])
-        for row in cursor.fetchall():
+        if fetched is None:
+            cursor.execute(_MEMBER_SQL + " AND state_version > %s", [group.pk, snap.version])
+            member_rows = cursor.fetchall()
+            cursor.execute(_SLOT_SQL + " AND state_version > %s", [group.pk, snap.version])
+            slot_rows = cursor.fetchall()
+        else:
+            member_rows, slot_rows = fetched.members, fetched.slots
+        for row in member_rows:
             snap.pk_member[row[0]] = row[1]
             _put_member(snap, row, {})
-        cursor.execute(_SLOT_SQL + " AND state_version > %s", [group.pk, snap.version])
-        slot_rows = cursor.fetchall()
         _name_unloaded(cursor, snap.pk_member, loaded, _referenced(slot_rows))
     catalogue = _shard_catalogue(group.stream_id, group.stream.metadata_epoch, set())
     for row in slot_rows:
@@ -411,12 +458,71 @@ def _drop_member(snap: Snapshot, mid: str) -> None:
     snap.loaded.member_values.pop(mid, None)
 
 
-def load_for_heartbeat(group: Group, member_id: str | None) -> tuple[GroupState, Loaded]:
+@dataclass
+class _Prefetch:
+    """What `lock_and_load` read together with the lock, for the snapshot it checked out."""
+
+    snap: Snapshot | None
+    version: int = 0
+    members: list[tuple] = field(default_factory=list)
+    slots: list[tuple] = field(default_factory=list)
+    member_row: list[tuple] = field(default_factory=list)
+
+
+_GROUP_FIELDS = [f.attname for f in Group._meta.concrete_fields]
+_STREAM_FIELDS = [f.attname for f in Stream._meta.concrete_fields]
+_LOCK_SQL = (
+    f"SELECT {', '.join('g.' + Group._meta.get_field(n).column for n in _GROUP_FIELDS)},"
+    f" {', '.join('s.' + Stream._meta.get_field(n).column for n in _STREAM_FIELDS)}"
+    f" FROM {Group._meta.db_table} AS g JOIN {Stream._meta.db_table} AS s ON s.id = g.stream_id"
+    " WHERE g.name = %s FOR UPDATE OF g"  # not the stream row: see lock_group
+)
+_pk_by_name: dict[str, int] = {}  # group name → row id, for snapshots this process holds
+
+
+def lock_and_load(group_name: str, member_id: str) -> tuple[Group | None, GroupState | None, Loaded | None]:
+    """`lock_group` then `load_for_heartbeat`, in one round trip on PostgreSQL: the lock
+    statement goes out with the reads that bring this process's snapshot up to date (rows
+    written after its version, the heartbeating member's row). They run after the lock is
+    granted, in the same transaction, so they see every write before it; if the snapshot turns
+    out not to fit the locked row, it is dropped and the group loaded in full. Every round trip
+    inside the lock is a wait for the whole group (and, under gevent, a chance for the worker's
+    other requests to run first)."""
+    if connection.vendor != "postgresql":
+        group = lock_group(group_name)
+        if group is None:
+            return None, None, None
+        return group, *load_for_heartbeat(group, member_id)
+    pk = _pk_by_name.get(group_name)
+    fetched = _Prefetch(_checkout(pk) if pk is not None else None)
+    found: list[tuple] = []
+    writes = _Writes()
+    writes.add(_LOCK_SQL, [group_name], found.extend)
+    if fetched.snap is not None:
+        fetched.version = fetched.snap.version
+        writes.add(_MEMBER_SQL + " AND state_version > %s", [pk, fetched.version], fetched.members.extend)
+        writes.add(_SLOT_SQL + " AND state_version > %s", [pk, fetched.version], fetched.slots.extend)
+        writes.add(_MEMBER_WITH_REPORT_SQL, [pk, member_id], fetched.member_row.extend)
+    writes.run()
+    if not found:
+        return None, None, None
+    row = found[0]
+    group = Group.from_db(connection.alias, _GROUP_FIELDS, row[:len(_GROUP_FIELDS)])
+    group.stream = Stream.from_db(connection.alias, _STREAM_FIELDS, row[len(_GROUP_FIELDS):])
+    if group.pk != pk:
+        fetched.snap = None  # a group recreated under its name: the snapshot is of another
+    return group, *load_for_heartbeat(group, member_id, fetched)
+
+
+def load_for_heartbeat(
+    group: Group, member_id: str | None, fetched: _Prefetch | None = None
+) -> tuple[GroupState, Loaded]:
     """The full snapshot a locked heartbeat needs (the caller holds the group lock), from this
     process's cache when it can be brought up to date cheaply; exactly what
-    `load_state(group, member_id)` returns.
+    `load_state(group, member_id)` returns. `fetched`: the snapshot and rows `lock_and_load`
+    read with the lock.
     """
-    snap = _checkout(group.pk)
+    snap = fetched.snap if fetched is not None else _checkout(group.pk)
     if snap is not None and (snap.shape != _shape(group) or snap.version > group.state_version):
         snap = None  # a reshard step changed the slot set, or the database went back
     if snap is None:
@@ -425,13 +531,16 @@ def load_for_heartbeat(group: Group, member_id: str | None) -> tuple[GroupState,
                          group.state_version, _shape(group))
     else:
         if snap.version < group.state_version:
-            _catch_up(snap, group)
+            _catch_up(snap, group, fetched)
         # The heartbeating member's row is always read fresh: its last-seen and last report
         # are written by the lock-free steady path, which does not raise the version.
         if member_id is not None:
-            with connection.cursor() as cursor:
-                cursor.execute(_MEMBER_WITH_REPORT_SQL, [group.pk, member_id])
-                found = cursor.fetchone()
+            if fetched is not None:
+                found = fetched.member_row[0] if fetched.member_row else None
+            else:
+                with connection.cursor() as cursor:
+                    cursor.execute(_MEMBER_WITH_REPORT_SQL, [group.pk, member_id])
+                    found = cursor.fetchone()
             if found is not None:
                 row, owned = found[:-1], found[-1]
                 report = owned if isinstance(owned, list) else json.loads(owned or "[]")
@@ -465,6 +574,7 @@ def load_for_heartbeat(group: Group, member_id: str | None) -> tuple[GroupState,
                 _drop_member(snap, member_id)
         snap.state.changes = Changes()
         snap.version = group.state_version
+        _pk_by_name[group.name] = group.pk
         _checkin(group.pk, snap)
 
     transaction.on_commit(checkin)
@@ -483,22 +593,62 @@ def _analyze_hot_tables() -> None:
         cursor.execute(f"ANALYZE {MemberRow._meta.db_table}, {ShardAssignment._meta.db_table}")
 
 
+class _Writes:
+    """The statements of one save, in order. On PostgreSQL they go out as one multi-statement
+    execute, one round trip (a client-side cursor; each statement's rows come back in order,
+    reached with nextset()): under a join storm every round trip inside the group lock was a
+    wait for the whole group, and under gevent a chance for the worker's other requests to
+    run first. Elsewhere (SQLite) they run one by one."""
+
+    def __init__(self) -> None:
+        self.statements: list[tuple[str, list[object], Callable[[list[tuple]], None] | None]] = []
+
+    def add(self, sql: str, params: list[object], on_rows: Callable[[list[tuple]], None] | None = None) -> None:
+        self.statements.append((sql, params, on_rows))
+
+    def run(self) -> None:
+        if not self.statements:
+            return
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(";\n".join(sql for sql, _, _ in self.statements),
+                               [p for _, params, _ in self.statements for p in params])
+                for i, (_, _, on_rows) in enumerate(self.statements):
+                    if i:
+                        cursor.nextset()
+                    if on_rows is not None:
+                        on_rows(cursor.fetchall())
+                return
+            for sql, params, on_rows in self.statements:
+                cursor.execute(sql, params)
+                if on_rows is not None:
+                    on_rows(cursor.fetchall())
+
+
+def _prep(model: type, values: dict[str, object]) -> tuple[list[str], list[object]]:
+    """Columns and database values of model fields, as the ORM would write them."""
+    fields = [model._meta.get_field(name) for name in values]  # type: ignore[attr-defined]
+    return ([f.column for f in fields],
+            [f.get_db_prep_save(values[f.name], connection) for f in fields])
+
+
 def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = "") -> None:
-    """Write the dirty group, member and slot rows and the events, in that order."""
+    """Write the dirty group, member and slot rows and the events, in that order, in one
+    round trip (`_Writes`)."""
     changes = state.changes
     group = loaded.group
+    writes = _Writes()
     if not (changes.group or changes.members or changes.shards):
-        _save_events(state, loaded, actor)
+        _save_events(writes, state, loaded, actor)
+        writes.run()
         return
-    no_flush = ""
     if not changes.granted and connection.vendor == "postgresql":
         # Only a grant must be on disk before its answer (R9 across a crash: a member may start
         # reading at once). A write that grants nothing (a batched join, a leave, a recompute,
         # a revocation) commits without waiting for the WAL flush: lost in a crash, it costs a
         # rejoin or a repeated revocation, and any later grant's synchronous commit flushes it
         # first (WAL order). Under a join storm the fsyncs were what the group lock waited on.
-        # Sent with the group row's UPDATE below: a round trip under the lock is a wait too.
-        no_flush = "SET LOCAL synchronous_commit TO OFF; "
+        writes.add("SET LOCAL synchronous_commit TO OFF", [])
     # One new state_version per locked write, on the group row and on every row written
     # (load_for_heartbeat's snapshots catch up by it). The caller holds the group lock.
     version = group.state_version + 1
@@ -509,16 +659,17 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
     group.rebalance_due_at = state.rebalance_due_at
     group.rebalance_deferred_at = state.rebalance_deferred_at
     adapt = connection.ops.adapt_datetimefield_value  # SQLite: naive UTC text
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"{no_flush}UPDATE {Group._meta.db_table} SET group_epoch = %s, assignment_epoch = %s,"
-            " state_version = %s, rebalanced_at = %s, rebalance_due_at = %s,"
-            " rebalance_deferred_at = %s WHERE id = %s",
-            [state.group_epoch, state.assignment_epoch, version, adapt(state.rebalanced_at),
-             adapt(state.rebalance_due_at), adapt(state.rebalance_deferred_at), group.pk],
-        )
+    writes.add(
+        f"UPDATE {Group._meta.db_table} SET group_epoch = %s, assignment_epoch = %s,"
+        " state_version = %s, rebalanced_at = %s, rebalance_due_at = %s,"
+        " rebalance_deferred_at = %s WHERE id = %s",
+        [state.group_epoch, state.assignment_epoch, version, adapt(state.rebalanced_at),
+         adapt(state.rebalance_due_at), adapt(state.rebalance_deferred_at), group.pk],
+    )
     if version % ANALYZE_EVERY == 0 and connection.vendor == "postgresql":
         transaction.on_commit(_analyze_hot_tables)
+    table = MemberRow._meta.db_table
+    upserted = False
     # Removed members first: a replacement (§9 R1s) takes over the old one's instanceId, which
     # the unique constraint allows only once the old row is no longer live.
     for mid in sorted(changes.members, key=lambda mid: (state.members[mid].live, mid)):
@@ -541,27 +692,31 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
             values["last_reported_owned"] = list(m.last_reported_owned)
         pk = loaded.member_pk.get(mid)
         if pk is None:
+            upserted = True
             # A tombstone not loaded (or a new member): upsert by the natural key, in one
-            # statement (update_or_create costs a read, a savepoint and a write).
-            row = MemberRow(group=group, member_id=mid, state_version=version, **values)
-            MemberRow.objects.bulk_create(
-                [row], update_conflicts=True, unique_fields=["group", "member_id"],
-                update_fields=[*values, "state_version"],
+            # statement; a new row gets the model's defaults for what the core left unset.
+            update = [MemberRow._meta.get_field(name).column for name in [*values, "state_version"]]
+            insert_values = {"last_reported_owned": [], "joined_at": None, **values,
+                             "group": group.pk, "member_id": mid, "state_version": version}
+            columns, params = _prep(MemberRow, insert_values)
+            writes.add(
+                f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))})"
+                f" ON CONFLICT (group_id, member_id) DO UPDATE SET"
+                f" {', '.join(f'{c} = EXCLUDED.{c}' for c in update)} RETURNING id",
+                params, _remember_pk(loaded, mid, values),
             )
-            if row.pk is None:  # a backend that returns no ids from an upsert
-                row.pk = MemberRow.objects.get(group=group, member_id=mid).pk
-            loaded.member_pk[mid] = row.pk
-            loaded.member_values[mid] = values
             continue
         prior = loaded.member_values.get(mid)
         if prior is None:
             prior = dict(zip(_MEMBER_COLUMNS, loaded.member_rows.get(mid, ()), strict=False))
         changed = {k: v for k, v in values.items() if k not in prior or prior[k] != v}
-        MemberRow.objects.filter(pk=pk).update(**changed, state_version=version)
+        columns, params = _prep(MemberRow, {**changed, "state_version": version})
+        writes.add(f"UPDATE {table} SET {', '.join(f'{c} = %s' for c in columns)} WHERE id = %s", [*params, pk])
         loaded.member_values[mid] = {**prior, **changed}
     if changes.shards:
-        # Plain UPDATEs sent as one pipelined batch: Django's bulk_update builds a CASE per
-        # field and row, which cost more than the rest of a join for big groups.
+        if upserted:
+            writes.run()  # slots name an upserted member by its (new) row id: write it first
+            writes = _Writes()
         rows = []
         for shard_id in sorted(changes.shards):
             slot = state.shards[shard_id]
@@ -572,57 +727,66 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
                 connection.ops.adapt_datetimefield_value(drained_at),  # SQLite: naive UTC text
                 version, loaded.slot_pk[shard_id],
             ))
-        _write_slots(rows)
-    _save_events(state, loaded, actor)
+        _write_slots(writes, rows)
+    _save_events(writes, state, loaded, actor)
+    writes.run()
 
 
-def _write_slots(rows: list[tuple]) -> None:
+def _remember_pk(loaded: Loaded, mid: str, values: dict[str, object]) -> Callable[[list[tuple]], None]:
+    def remember(rows: list[tuple]) -> None:
+        loaded.member_pk[mid] = rows[0][0]
+        loaded.member_values[mid] = values
+    return remember
+
+
+def _write_slots(writes: _Writes, rows: list[tuple]) -> None:
     """(owner, revoking, grant epoch, target, drained at, version, row id) per changed slot: one
     statement on PostgreSQL (a recompute may move thousands of targets), plain UPDATEs
-    elsewhere. Django's bulk_update builds a CASE per field and row, slower than either."""
+    elsewhere. Django's bulk_update builds a CASE per field and row, slower than either.
+    A new member's row id is known only once its INSERT ran: slots that name one go after."""
     table = ShardAssignment._meta.db_table
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            columns = list(zip(*rows, strict=True))
-            cursor.execute(
-                f"UPDATE {table} AS a SET owner_id = v.owner_id, revoking = v.revoking,"
-                " grant_epoch = v.grant_epoch, target_id = v.target_id, drained_at = v.drained_at,"
-                " state_version = v.state_version FROM unnest(%s::bigint[], %s::boolean[],"
-                " %s::integer[], %s::bigint[], %s::timestamptz[], %s::bigint[], %s::bigint[])"
-                " AS v(owner_id, revoking, grant_epoch, target_id, drained_at, state_version, id)"
-                " WHERE a.id = v.id",
-                [list(c) for c in columns],
-            )
-            return
-        cursor.executemany(
+    if connection.vendor == "postgresql":
+        columns = list(zip(*rows, strict=True))
+        writes.add(
+            f"UPDATE {table} AS a SET owner_id = v.owner_id, revoking = v.revoking,"
+            " grant_epoch = v.grant_epoch, target_id = v.target_id, drained_at = v.drained_at,"
+            " state_version = v.state_version FROM unnest(%s::bigint[], %s::boolean[],"
+            " %s::integer[], %s::bigint[], %s::timestamptz[], %s::bigint[], %s::bigint[])"
+            " AS v(owner_id, revoking, grant_epoch, target_id, drained_at, state_version, id)"
+            " WHERE a.id = v.id",
+            [list(c) for c in columns],
+        )
+        return
+    for row in rows:
+        writes.add(
             f"UPDATE {table} SET owner_id = %s, revoking = %s, grant_epoch = %s, target_id = %s,"
             " drained_at = %s, state_version = %s WHERE id = %s",
-            rows,
+            list(row),
         )
 
 
-def _save_events(state: GroupState, loaded: Loaded, actor: str) -> None:
+def _save_events(writes: _Writes, state: GroupState, loaded: Loaded, actor: str) -> None:
     changes = state.changes
     group = loaded.group
-    if changes.events:
-        Event.objects.bulk_create(
-            Event(
-                kind=e.kind,
-                group=group,
-                stream_id=group.stream_id,
-                member_id=e.member_id,
-                group_epoch=e.group_epoch,
-                member_epoch=e.member_epoch,
-                actor=str(e.detail.get("actor", actor)),
-                detail=e.detail,
-            )
-            for e in changes.events
+    if not changes.events:
+        return
+    created_at = timezone.now()
+    rows = []
+    for e in changes.events:
+        columns, params = _prep(Event, dict(
+            created_at=created_at, kind=e.kind, group=group.pk, stream=group.stream_id,
+            member_id=e.member_id, group_epoch=e.group_epoch, member_epoch=e.member_epoch,
+            actor=str(e.detail.get("actor", actor)), detail=e.detail,
+        ))
+        rows.append(params)
+    one = f"({', '.join(['%s'] * len(columns))})"
+    writes.add(f"INSERT INTO {Event._meta.db_table} ({', '.join(columns)}) VALUES {', '.join([one] * len(rows))}",
+               [p for row in rows for p in row])
+    for e in changes.events:  # one log line per event row (JSON with LOG_FORMAT=json)
+        event_log.info(
+            "%s group=%s member=%s groupEpoch=%s %s", e.kind, state.name, e.member_id or "-",
+            e.group_epoch, " ".join(f"{k}={v}" for k, v in e.detail.items()),
+            extra={"event": e.kind, "group": state.name, "stream": state.stream, "memberId": e.member_id,
+                   "memberEpoch": e.member_epoch, "groupEpoch": e.group_epoch,
+                   "assignmentEpoch": e.detail.get("assignmentEpoch")},
         )
-        for e in changes.events:  # one log line per event row (JSON with LOG_FORMAT=json)
-            event_log.info(
-                "%s group=%s member=%s groupEpoch=%s %s", e.kind, state.name, e.member_id or "-",
-                e.group_epoch, " ".join(f"{k}={v}" for k, v in e.detail.items()),
-                extra={"event": e.kind, "group": state.name, "stream": state.stream, "memberId": e.member_id,
-                       "memberEpoch": e.member_epoch, "groupEpoch": e.group_epoch,
-                       "assignmentEpoch": e.detail.get("assignmentEpoch")},
-            )
