@@ -463,7 +463,6 @@ class _Prefetch:
     """What `lock_and_load` read together with the lock, for the snapshot it checked out."""
 
     snap: Snapshot | None
-    version: int = 0
     members: list[tuple] = field(default_factory=list)
     slots: list[tuple] = field(default_factory=list)
     member_row: list[tuple] = field(default_factory=list)
@@ -496,14 +495,14 @@ def lock_and_load(group_name: str, member_id: str) -> tuple[Group | None, GroupS
     pk = _pk_by_name.get(group_name)
     fetched = _Prefetch(_checkout(pk) if pk is not None else None)
     found: list[tuple] = []
-    writes = _Writes()
-    writes.add(_LOCK_SQL, [group_name], found.extend)
+    batch = _Batch()
+    batch.add(_LOCK_SQL, [group_name], found.extend)
     if fetched.snap is not None:
-        fetched.version = fetched.snap.version
-        writes.add(_MEMBER_SQL + " AND state_version > %s", [pk, fetched.version], fetched.members.extend)
-        writes.add(_SLOT_SQL + " AND state_version > %s", [pk, fetched.version], fetched.slots.extend)
-        writes.add(_MEMBER_WITH_REPORT_SQL, [pk, member_id], fetched.member_row.extend)
-    writes.run()
+        version = fetched.snap.version
+        batch.add(_MEMBER_SQL + " AND state_version > %s", [pk, version], fetched.members.extend)
+        batch.add(_SLOT_SQL + " AND state_version > %s", [pk, version], fetched.slots.extend)
+        batch.add(_MEMBER_WITH_REPORT_SQL, [pk, member_id], fetched.member_row.extend)
+    batch.run()
     if not found:
         return None, None, None
     row = found[0]
@@ -593,8 +592,8 @@ def _analyze_hot_tables() -> None:
         cursor.execute(f"ANALYZE {MemberRow._meta.db_table}, {ShardAssignment._meta.db_table}")
 
 
-class _Writes:
-    """The statements of one save, in order. On PostgreSQL they go out as one multi-statement
+class _Batch:
+    """Statements sent in one round trip, in order (the lock with its reads; one save's writes). On PostgreSQL they go out as one multi-statement
     execute, one round trip (a client-side cursor; each statement's rows come back in order,
     reached with nextset()): under a join storm every round trip inside the group lock was a
     wait for the whole group, and under gevent a chance for the worker's other requests to
@@ -634,10 +633,10 @@ def _prep(model: type, values: dict[str, object]) -> tuple[list[str], list[objec
 
 def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = "") -> None:
     """Write the dirty group, member and slot rows and the events, in that order, in one
-    round trip (`_Writes`)."""
+    round trip (`_Batch`)."""
     changes = state.changes
     group = loaded.group
-    writes = _Writes()
+    writes = _Batch()
     if not (changes.group or changes.members or changes.shards):
         _save_events(writes, state, loaded, actor)
         writes.run()
@@ -716,7 +715,7 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
     if changes.shards:
         if upserted:
             writes.run()  # slots name an upserted member by its (new) row id: write it first
-            writes = _Writes()
+            writes = _Batch()
         rows = []
         for shard_id in sorted(changes.shards):
             slot = state.shards[shard_id]
@@ -739,7 +738,7 @@ def _remember_pk(loaded: Loaded, mid: str, values: dict[str, object]) -> Callabl
     return remember
 
 
-def _write_slots(writes: _Writes, rows: list[tuple]) -> None:
+def _write_slots(writes: _Batch, rows: list[tuple]) -> None:
     """(owner, revoking, grant epoch, target, drained at, version, row id) per changed slot: one
     statement on PostgreSQL (a recompute may move thousands of targets), plain UPDATEs
     elsewhere. Django's bulk_update builds a CASE per field and row, slower than either.
@@ -765,7 +764,7 @@ def _write_slots(writes: _Writes, rows: list[tuple]) -> None:
         )
 
 
-def _save_events(writes: _Writes, state: GroupState, loaded: Loaded, actor: str) -> None:
+def _save_events(writes: _Batch, state: GroupState, loaded: Loaded, actor: str) -> None:
     changes = state.changes
     group = loaded.group
     if not changes.events:
