@@ -577,12 +577,12 @@ def bump_group_epoch(
         state.assignment_epoch = state.group_epoch
     elif now is not None and (due := r1b_defer_rebalance(state, now, joiner)) is not None:
         state.rebalance_due_at = due
-        state.rebalance_deferred_at = state.rebalance_deferred_at or now
+        state.rebalance_deferred_at = state.rebalance_deferred_at or latest(state.rebalanced_at, now)
         r1b_rebalance_if_due(state, now)
     else:
         recompute_target(state, reserve=reserve)
         if now is not None:
-            state.rebalanced_at = now
+            state.rebalanced_at = latest(state.rebalanced_at, now)
 
 
 # --- R1b join batching ------------------------------------------------------------------------
@@ -602,18 +602,25 @@ def r1b_defer_rebalance(
     every shard to the first one). Each change moves the due time to a window after it, but
     not past `R1B_MAX_WINDOWS` windows after the first deferred change. Meanwhile the group is
     ASSIGNING and a joiner is answered with an empty assignment at the current assignment
-    epoch; it gets its shards on a later heartbeat (§3, R6)."""
+    epoch; it gets its shards on a later heartbeat (§3, R6).
+    Changes may apply out of their `now` order (requests of several processes queue for the
+    group's lock): a change whose `now` is before the last recompute is within its window,
+    and a due time never moves earlier."""
     window = state.rebalance_window_ms
     if window <= 0:
         return None
+    now = latest(state.rebalanced_at, now)
     if state.rebalance_due_at is None:
         last = state.rebalanced_at
-        recent = last is not None and last <= now < deadline(last, window)
+        recent = last is not None and now < deadline(last, window)
         alone = joiner is not None and all(m is joiner for m in state.live_members())
         if not (recent or alone):
             return None
     since = state.rebalance_deferred_at or now
-    return min(deadline(now, window), deadline(since, window * R1B_MAX_WINDOWS))
+    due = deadline(now, window)
+    if state.rebalance_due_at is not None and state.rebalance_due_at > due:
+        due = state.rebalance_due_at
+    return min(due, deadline(since, window * R1B_MAX_WINDOWS))
 
 
 def r1b_rebalance_if_due(state: GroupState, now: datetime) -> bool:
@@ -623,9 +630,15 @@ def r1b_rebalance_if_due(state: GroupState, now: datetime) -> bool:
     if due is None or now < due or state.partial:
         return False  # a partial snapshot cannot recompute: the shell loads in full when due
     recompute_target(state)
-    state.rebalanced_at = now
+    state.rebalanced_at = latest(state.rebalanced_at, now)
     state.touch_group()
     return True
+
+
+def latest(previous: datetime | None, now: datetime) -> datetime:
+    """The later of two instants: requests that queued for the lock apply out of arrival order,
+    and the window runs from the last recompute however late its request arrived (R1b)."""
+    return now if previous is None or now > previous else previous
 
 
 def needs_full_state(

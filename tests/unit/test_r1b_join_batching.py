@@ -97,6 +97,32 @@ def test_r1b_a_stream_of_joins_waits_at_most_the_max_windows():
     assert recomputed[0] == engine.R1B_MAX_WINDOWS * WINDOW_MS / 1000
 
 
+def test_r1b_joins_that_queued_before_the_recompute_wait_for_the_next_window():
+    """In a burst, requests wait for the group's lock and apply out of arrival order: a join
+    that arrived (its `now`) before the recompute that just ran is within that window too.
+    Measured before the fix: 1,000 members with a connection each, 129 recomputes, one per
+    join once the first batch had run."""
+    state = make_group(40, rebalance_window_ms=WINDOW_MS)
+    first = [Client(state, f"m{i:02d}") for i in range(3)]
+    for c in first:
+        c.join(at(0))
+    first[0].beat(at(1.0))  # the window's recompute
+    assert rebalances(state) == 1
+    epoch = state.assignment_epoch
+    queued = [Client(state, f"q{i:02d}") for i in range(5)]
+    for i, c in enumerate(queued):
+        r = c.join(at(0.9 - i / 10))  # arrived before the recompute, applied after it
+        assert r.assignment.assigned == r.assignment.pending == ()
+        assert rebalances(state) == 0
+        assert state.assignment_epoch == epoch
+    assert state.rebalanced_at == at(1.0)  # a late request never moves the window back
+    first[0].beat(at(1.9))
+    assert rebalances(state) == 0
+    first[0].beat(at(2.0))  # one recompute for all five, a window after the last one
+    assert rebalances(state) == 1
+    assert {s.target for s in state.shards.values()} >= {c.member_id for c in queued}
+
+
 def test_r1b_a_join_into_a_quiet_group_is_assigned_at_once():
     state, _clients = settled_group(8, "ab")
     r = Client(state, "c").join(at(5))  # last recompute 4 s ago
