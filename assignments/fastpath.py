@@ -40,6 +40,7 @@ from assignments import store
 from assignments.models import ShardAssignment
 from coordination import engine
 from coordination.model import HeartbeatRequest, HeartbeatResponse, MemberStatus
+from coordinator_project import dbpool
 from dataplane.protocol import Status
 from groups.models import Group, Shard, Stream
 from members.models import Member as MemberRow
@@ -425,5 +426,7 @@ STAMPS = _Stamps()
 
 
 def flush_stamps() -> None:
-    """Before a locked pass: this process's pending stamps are written, so it reads them."""
+    """Before a locked pass: this process's pending stamps are written, so it reads them. The
+    pooled liveness connection goes back at once: the locked pass may queue for a while."""
     STAMPS.flush()
+    dbpool.release("liveness")

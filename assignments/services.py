@@ -1,14 +1,17 @@
 """Heartbeat service: the shell around `coordination.engine.heartbeat` (load, lock, call, persist)."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from assignments import fastpath
 from assignments.store import (
+    clearly_has_room,
     group_gate,
     live_member_counts,
     load_member_view,
@@ -35,9 +38,15 @@ class HeartbeatResult:
     path: str = "locked"  # "fast": answered without the group lock (assignments.fastpath)
 
 
-def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> HeartbeatResult:
+def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime | None = None) -> HeartbeatResult:
+    """`now`: the heartbeat's time; None (the API) reads the clock when the heartbeat is
+    applied: after the group's gate and lock on the locked path. In a join storm every request
+    arrives within a second and the joins apply over several: with arrival times, R1b's
+    window (a window after the last change) ended while most joins still queued, and the
+    target was recomputed each second of the storm instead of once after it, each recompute
+    moving shards that had just been granted."""
     if fastpath.available() and fastpath.eligible(req):
-        steady = fastpath.steady_heartbeat(group_name, req, now)
+        steady = fastpath.steady_heartbeat(group_name, req, now or timezone.now())
         if steady is not None:
             return HeartbeatResult(steady.response, {"metadataEpoch": steady.metadata_epoch}, "fast")
     fastpath.flush_stamps()  # the locked pass below reads this process's latest stamps
@@ -50,6 +59,7 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> Heartbea
             group, state, loaded = lock_and_load(group_name, req.member_id)
         else:
             group, state, loaded = lock_group(group_name), None, None
+        applied = now or timezone.now()
         if group is None:
             return HeartbeatResult(
                 HeartbeatResponse(
@@ -60,17 +70,21 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime) -> Heartbea
                 None,
             )
         if state is None or loaded is None:  # no snapshots: load what this heartbeat needs
-            if engine.needs_full_state(req, group.rebalance_due_at, now):
+            if engine.needs_full_state(req, group.rebalance_due_at, applied):
                 state, loaded = load_state(group, req.member_id)
             else:
                 claimed = (req.owned_shards or ()) + tuple(r.shard for r in req.revoking_shards)
                 state, loaded = load_member_view(group, req.member_id, claimed)
-        response = engine.heartbeat(state, req, now)
+        response = engine.heartbeat(state, req, applied)
         if response.error_code != ErrorCode.NONE:
             return HeartbeatResult(response, None)  # R8: a refused heartbeat changes nothing
-        save_state(state, loaded, now)
+        save_state(state, loaded, applied, commit=True)
     metadata = group_metadata(group) if response.full_metadata else {"metadataEpoch": group.metadata_epoch}
     return HeartbeatResult(response, metadata)
+
+
+_counting: dict[str, threading.Lock] = {}
+_counting_lock = threading.Lock()
 
 
 def _refused_join(group_name: str, req: HeartbeatRequest) -> HeartbeatResponse | None:
@@ -82,7 +96,17 @@ def _refused_join(group_name: str, req: HeartbeatRequest) -> HeartbeatResponse |
     """
     if req.owned_shards or getattr(req, "instance_id", None):
         return None  # a static member (§9) may replace its old incarnation: the core decides
-    counts = live_member_counts(group_name, req.member_id)
+    if clearly_has_room(group_name):
+        return None  # far from full: not worth a statement per join (a join storm's joins)
+    # One count per group at a time in this process: a storm's joins all arrive before the
+    # first count has answered; the others wait for its figure instead of each queueing for
+    # one of the worker's two connections (ahead of the locked passes that need them).
+    with _counting_lock:
+        counting = _counting.setdefault(group_name, threading.Lock())
+    with counting:
+        if clearly_has_room(group_name):
+            return None
+        counts = live_member_counts(group_name, req.member_id)
     if counts is None:
         return None  # no such group: the locked path answers
     max_members, live, rejoin = counts

@@ -5,7 +5,6 @@ import time
 from typing import Any
 
 from django.http import HttpRequest
-from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.renderers import JSONRenderer
@@ -53,7 +52,7 @@ class HeartbeatRenderer(JSONRenderer):
             if text is not None:
                 head = super().render({k: v for k, v in data.items() if k != "metadata"},
                                       accepted_media_type, renderer_context)
-                return head[:-1] + b',"metadata":' + text + b"}"
+                return b"".join((head[:-1], b',"metadata":', text, b"}"))  # one copy of the text
         return super().render(data, accepted_media_type, renderer_context)
 
 
@@ -100,7 +99,7 @@ class HeartbeatView(APIView):
                     req.member_id), 429)
                 refused["Retry-After"] = str(retry)
                 return refused
-        result = services.heartbeat(group, req, timezone.now())
+        result = services.heartbeat(group, req)  # its time: when it applies (services.heartbeat)
         response = Response(services.response_body(result), status=result.response.http_status)
         response.heartbeat_path = result.path  # type: ignore[attr-defined]  # the metric's label
         return response

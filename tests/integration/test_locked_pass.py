@@ -3,20 +3,24 @@ the snapshot a shared group read must not throw away (issue 11, join storms)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assignments import store
+from assignments import fastpath, store
 from assignments.models import ShardAssignment
 from assignments.services import heartbeat as heartbeat_service
 from coordination.model import HeartbeatRequest, RevokeReport
 from groups.models import Event, Group
+from groups.services import resolve_api_key
+from members.models import Member
 
-from .conftest import Hb
+from .conftest import Hb, make_group
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
 
@@ -46,6 +50,7 @@ def test_a_locked_heartbeat_is_two_statements_lock_with_reads_then_writes(hb: Hb
     assert "FOR UPDATE OF g" in lock
     assert "state_version >" in lock  # the catch-up reads ride with the lock
     assert "UPDATE" in writes
+    assert writes.rstrip().endswith("COMMIT")  # the commit rides with the writes
     assert "assignments_shardassignment" in writes
     assert b.member_epoch > 0
 
@@ -59,8 +64,9 @@ def test_a_join_with_a_recompute_saves_its_row_before_the_slots_that_name_it(hb:
 
 
 def test_a_request_waiting_for_its_groups_gate_holds_no_database_connection(db):
-    """Requests of one worker queue on their group's gate; a waiter that kept its pooled
-    connection could starve the holder of one (gevent workers have two): it hands it back."""
+    """Requests of one worker queue on their group's gate; a waiter that kept a pooled
+    connection could starve the holder of one (gevent workers have two "default" and four
+    "liveness"): it hands back both."""
     held = threading.Event()
     release = threading.Event()
     seen: dict[str, Any] = {}
@@ -71,12 +77,13 @@ def test_a_request_waiting_for_its_groups_gate_holds_no_database_connection(db):
             release.wait(10)
 
     def waiter() -> None:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        seen["before"] = connection.connection is not None
+        for alias in ("default", "liveness"):
+            with connections[alias].cursor() as cursor:
+                cursor.execute("SELECT 1")
+        seen["before"] = all(connections[a].connection is not None for a in ("default", "liveness"))
         with store.group_gate("g-gate"):
-            seen["while_waiting_closed"] = connection.connection is None
-        connection.close()
+            seen["while_waiting_closed"] = all(connections[a].connection is None for a in ("default", "liveness"))
+        connections.close_all()
 
     t1 = threading.Thread(target=holder)
     t1.start()
@@ -118,3 +125,151 @@ def test_a_snapshot_ahead_of_a_shared_group_read_is_kept(hb: Hb):
     found = store.steady_snapshot(group.pk, snap.version, shape)
     assert found is snap
     store.return_snapshot(group.pk, found)
+
+
+@contextmanager
+def pooled(alias: str) -> Iterator[Any]:
+    """`alias` as gevent workers have it: a connection pool (settings: DB_POOL), here of one."""
+    plain = connections[alias]
+    settings_dict = {**plain.settings_dict, "CONN_MAX_AGE": 0,
+                     "OPTIONS": {**plain.settings_dict["OPTIONS"], "pool": {"min_size": 1, "max_size": 1, "timeout": 2}}}
+    wrapper = plain.__class__(settings_dict, alias)
+    connections[alias] = wrapper
+    try:
+        yield wrapper
+    finally:
+        wrapper.close()
+        wrapper.close_pool()
+        connections[alias] = plain
+
+
+def test_the_stamp_flush_before_a_locked_pass_hands_its_pooled_connection_back(db):
+    """A locked heartbeat first writes this worker's pending stamps on "liveness", then may
+    queue for the group's gate or a "default" connection. Kept, that connection joined a
+    cycle in a storm of joins with a connection per member: gate waiters held "liveness",
+    steady heartbeats held "default" waiting for "liveness", the gate holder waited for
+    "default", until the pools' timeout, again and again."""
+    with pooled("liveness") as liveness:
+        with liveness.cursor() as cursor:  # e.g. the stamps this request wrote
+            cursor.execute("SELECT 1")
+        assert liveness.connection is not None
+        fastpath.flush_stamps()
+        assert liveness.connection is None
+        assert liveness.pool.get_stats()["pool_available"] == 1  # back in the pool, not closed
+
+
+def test_a_key_lookup_hands_its_pooled_connection_back(db):
+    """The first request of a worker looks its key up; it then may wait long (the gate, a
+    shared read) and must not hold a "default" connection meanwhile."""
+    with pooled("default") as default:
+        assert resolve_api_key("rsc_no-such-key-" + "x" * 20) is None
+        assert default.connection is None
+
+
+def test_requests_missing_the_key_cache_together_look_the_key_up_once(hb: Hb, monkeypatch):
+    """When a key's cached entry expires, a gevent worker may hold hundreds of its requests
+    (a join storm, a connection per member): one looks it up, the others wait for its answer
+    instead of each querying and queueing for one of the worker's two connections."""
+    from groups import services as group_services
+
+    real = group_services._load_key
+    lookups: list[str] = []
+    all_in = threading.Event()
+
+    def counted(digest: str) -> Any:
+        lookups.append(digest)
+        if len(lookups) == 8:
+            all_in.set()
+        all_in.wait(1)  # without the single lookup, all eight are in here at once
+        try:
+            return real(digest)
+        finally:
+            connection.close()
+
+    monkeypatch.setattr(group_services, "_load_key", counted)
+    group_services.clear_key_cache()
+    scopes: list[Any] = []
+    threads = [threading.Thread(target=lambda: scopes.append(resolve_api_key(hb.fx.key))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(lookups) == 1
+    assert len(scopes) == 8
+    assert all(s is not None and s.group == "g1" for s in scopes)
+
+
+def _join(group: str, member_id: str) -> Any:
+    req = HeartbeatRequest(member_id=member_id, member_epoch=0, metadata_epoch=None)
+    return heartbeat_service(group, req, timezone.now()).response
+
+
+def test_r1_a_join_into_a_full_group_is_refused_before_the_lock(db):
+    make_group(stream="s-full", group="full", max_members=2)
+    for m in "ab":
+        assert _join("full", m).error_code == "NONE"
+    with CaptureQueriesContext(connection) as queries:
+        refused = _join("full", "c")
+    assert refused.error_code == "GROUP_MAX_SIZE_REACHED"
+    sql = [q["sql"] for q in queries.captured_queries]
+    assert len(sql) == 1, sql  # the counts only
+    assert "FOR UPDATE" not in sql[0]
+
+
+def test_r1_a_join_with_room_in_this_processs_snapshot_skips_the_count(db):
+    """A storm of joins into a group far from maxMembers: no count statement per join."""
+    make_group(stream="s-room", group="room", max_members=100)
+    assert _join("room", "a").error_code == "NONE"  # leaves this process's snapshot
+    with CaptureQueriesContext(connection) as queries:
+        assert _join("room", "b").error_code == "NONE"
+    assert not [q for q in queries.captured_queries if "count(" in q["sql"]]
+
+
+def test_r1_a_stale_snapshot_with_room_still_gets_the_cores_refusal(db):
+    """The hint only skips the precheck: R1 under the lock refuses a join into a group that
+    has filled (here: its maxMembers lowered) since this process's snapshot."""
+    from groups.services import update_group_config
+
+    make_group(stream="s-stale", group="stale", max_members=100)
+    for m in "ab":
+        assert _join("stale", m).error_code == "NONE"
+    update_group_config("stale", actor="t", max_members=2)
+    assert store.clearly_has_room("stale")  # the snapshot still says 100
+    refused = _join("stale", "c")
+    assert refused.error_code == "GROUP_MAX_SIZE_REACHED"
+    assert not store.clearly_has_room("stale")  # the locked pass caught the snapshot up
+
+
+def test_r1b_an_api_heartbeat_is_applied_at_the_time_it_gets_the_lock(hb: Hb):
+    """Without an explicit `now` (the API) the locked path reads the clock once it holds the
+    group's gate and lock, not on arrival: a storm's queued joins extend R1b's window while
+    they apply, instead of each finding it long over and recomputing the target again."""
+    beat("a", 0)
+    held = threading.Event()
+    release = threading.Event()
+    released_at: list[Any] = []
+
+    def holder() -> None:
+        with store.group_gate("g1"):
+            held.set()
+            release.wait(10)
+            released_at.append(timezone.now())
+
+    def joiner() -> None:
+        heartbeat_service("g1", HeartbeatRequest(member_id="b", member_epoch=0))
+        connections.close_all()
+
+    t1 = threading.Thread(target=holder)
+    t1.start()
+    assert held.wait(10)
+    arrived = timezone.now()
+    t2 = threading.Thread(target=joiner)
+    t2.start()
+    t2.join(0.2)
+    assert t2.is_alive()  # queued at the gate
+    release.set()
+    t1.join(10)
+    t2.join(10)
+    b = Member.objects.get(group__name="g1", member_id="b")
+    assert b.last_heartbeat_at >= released_at[0] > arrived
+    assert Group.objects.get(name="g1").rebalance_deferred_at is None  # window 0 in tests: recomputed

@@ -1,0 +1,34 @@
+"""Pooled connections under gevent workers (settings: DB_POOL).
+
+A gevent worker serves many requests at once from small per-process pools (two "default"
+connections, four "liveness"). A request that keeps a pooled connection while it waits for
+something else (the group's gate, a shared read, the other pool) can starve the request it
+waits for: in a join storm with a connection per member, requests that kept their "liveness"
+connection from the stamp flush and queued for the gate, while the gate's holder waited for a
+"default" one held by requests waiting for "liveness", stalled the worker until the pools'
+15 s timeouts, again and again. So a short read outside a transaction hands its pooled
+connection back at once, and nobody waits while holding one.
+"""
+from __future__ import annotations
+
+from django.db import connections
+
+
+def release(alias: str = "default") -> None:
+    """Hand this request's pooled connection of `alias` back to its pool, unless it is inside
+    a transaction. Unpooled connections (sync workers, tests) are kept: closing them would
+    cost a new connection per request. An alias this setup lacks (SQLite has no "liveness")
+    holds nothing."""
+    if alias not in connections.settings:
+        return
+    conn = connections[alias]
+    if conn.connection is not None and getattr(conn, "pool", None) is not None and not conn.in_atomic_block:
+        conn.close()
+
+
+def release_all() -> None:
+    """Before waiting: hand back every connection this request holds (pooled or not), so the
+    request it waits for can get one. Not inside a transaction."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None:
+            conn.close()
