@@ -3,7 +3,8 @@
 Prints, from one run on this machine:
 - assignor time for 1,000 × 10,000 and 10,000 × 100,000 (pure Python);
 - the time for 1,000 members joining from zero to reach a stable assignment (members answer
-  revocations at once, as the data-plane client does);
+  revocations at once, as the data-plane client does; each has a keep-alive connection of
+  its own, bench/http11.py; STORM_CONNECTIONS=n shares n);
 - steady-state heartbeats/s and p50/p99 latency under wrk (32 connections), beside two
   reference endpoints on the same server — a DRF view with no database (the ceiling) and the
   naive group-row-lock design — as ratios, right after the join storm (planner statistics as
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -39,6 +41,8 @@ MEMBERS = int(os.environ.get("BENCH_MEMBERS", 1000))
 SHARDS = int(os.environ.get("BENCH_SHARDS", 4096))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", 32))
 DURATION = int(os.environ.get("BENCH_SECONDS", 10))
+# The join storm: 0 = a connection per member, as in production.
+STORM_CONNECTIONS = int(os.environ.get("STORM_CONNECTIONS", 0))
 DB_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/rsc_bench")
 
 
@@ -139,78 +143,94 @@ def answer(body: bytes) -> dict[str, Any]:
 
 async def converge(url: str, group: str, key: str) -> tuple[float, int, float]:
     """All members join at once, then heartbeat as the data plane does: every
-    heartbeatIntervalMs, and at once when a revocation is to be reported (C1). Returns the
-    time until every member holds its whole target at one epoch, the heartbeats sent, and
-    the time the joins alone took."""
-    import httpx
+    heartbeatIntervalMs, and at once when a revocation is to be reported (C1). Each member has
+    a keep-alive connection of its own, as each is a process of its own in production
+    (STORM_CONNECTIONS=n shares n among them). Returns the time until every member holds its
+    whole target at one epoch, the heartbeats sent, and the time the joins alone took."""
+    from bench.http11 import Connection, TransportError
 
     members = [SimMember(f"m{i:04d}") for i in range(MEMBERS)]
-    sem = asyncio.Semaphore(CONNECTIONS)
+    parsed = urlparse(url)
+    headers = {"Authorization": f"Bearer {key}"}
+    pool: asyncio.Queue[Connection] = asyncio.Queue()
+    for _ in range(min(MEMBERS, STORM_CONNECTIONS or MEMBERS)):
+        pool.put_nowait(Connection(parsed.hostname or "127.0.0.1", parsed.port or 80, headers))
+    path = f"/api/v1/groups/{group}/heartbeat"
     requests = 0
     joined = 0
+    unsettled = {m.member_id for m in members}
+    epochs: Counter[int] = Counter()
     joins_done = asyncio.Event()
     settled = asyncio.Event()
-    limits = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS)
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"},
-                                 limits=limits, timeout=120) as client:
-        failures: list[str] = []
-        transport_errors = [0]
+    failures: list[str] = []
+    transport_errors = [0]
 
-        async def live(m: SimMember) -> None:
-            try:
-                await heartbeats(m)
-            except Exception as e:  # a member that fails ends the run, loudly
-                failures.append(f"{m.member_id}: {e!r}")
-                joins_done.set()
-                settled.set()
-
-        async def heartbeats(m: SimMember) -> None:
-            nonlocal requests, joined
-            while not settled.is_set():
-                try:
-                    async with sem:
-                        r = await client.post(f"/api/v1/groups/{group}/heartbeat", json=m.body())
-                except httpx.TransportError:
-                    # The data plane retries a dropped connection after a backoff (same body).
-                    transport_errors[0] += 1
-                    await asyncio.sleep(0.5)
-                    continue
-                requests += 1
-                if r.status_code == 503:  # COORDINATOR_UNAVAILABLE: the data plane retries after Retry-After
-                    transport_errors[0] += 1
-                    await asyncio.sleep(float(r.headers.get("Retry-After", 1)))
-                    continue
-                if r.status_code != 200:
-                    raise RuntimeError(f"HTTP {r.status_code}: {r.text[:300]}")
-                data = answer(r.content)
-                del r  # nothing of the answer outlives this step (1,000 members wait at once)
-                m.apply(data)
-                if m.epoch and not m.joined:
-                    m.joined = True
-                    joined += 1
-                    if joined == len(members):
-                        joins_done.set()
-                if m.stable and all(x.stable for x in members) and len({x.epoch for x in members}) == 1:
-                    settled.set()
-                if m.revoked:
-                    continue  # a revocation is reported at once, like the data plane does
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(settled.wait(), data["heartbeatIntervalMs"] / 1000)
-
-        start = time.monotonic()
-        tasks = [asyncio.ensure_future(live(m)) for m in members]
-        await joins_done.wait()
-        joins = time.monotonic() - start
+    async def live(m: SimMember) -> None:
         try:
-            await asyncio.wait_for(settled.wait(), 600)
-        finally:
-            elapsed = time.monotonic() - start
-            await asyncio.gather(*tasks, return_exceptions=True)
-        if failures:
-            raise SystemExit(f"{len(failures)} members failed, first: {failures[0]}")
-        if transport_errors[0]:
-            print(f"   ({transport_errors[0]} dropped connections or 503s retried, as the data plane does)")
-        return elapsed, requests, joins
+            await heartbeats(m)
+        except Exception as e:  # a member that fails ends the run, loudly
+            failures.append(f"{m.member_id}: {e!r}")
+            joins_done.set()
+            settled.set()
+
+    async def heartbeats(m: SimMember) -> None:
+        nonlocal requests, joined
+        while not settled.is_set():
+            conn = await pool.get()
+            try:
+                status, headers, body = await conn.post(path, json.dumps(m.body()).encode())
+            except TransportError:
+                # The data plane retries a dropped connection after a backoff (same body).
+                transport_errors[0] += 1
+                await asyncio.sleep(0.5)
+                continue
+            finally:
+                pool.put_nowait(conn)
+            requests += 1
+            if status == 503:  # COORDINATOR_UNAVAILABLE: the data plane retries after Retry-After
+                transport_errors[0] += 1
+                await asyncio.sleep(float(headers.get("retry-after", 1)))
+                continue
+            if status != 200:
+                raise RuntimeError(f"HTTP {status}: {body[:300]!r}")
+            data = answer(body)
+            del body  # nothing of the answer outlives this step (1,000 members wait at once)
+            epochs[m.epoch] -= 1
+            m.apply(data)
+            epochs[m.epoch] += 1
+            if m.epoch and not m.joined:
+                m.joined = True
+                joined += 1
+                if joined == len(members):
+                    joins_done.set()
+            if m.stable:
+                unsettled.discard(m.member_id)
+            else:
+                unsettled.add(m.member_id)
+            if not unsettled and epochs[m.epoch] == len(members):
+                settled.set()
+            if m.revoked:
+                continue  # a revocation is reported at once, like the data plane does
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(settled.wait(), data["heartbeatIntervalMs"] / 1000)
+
+    epochs[0] = len(members)
+    start = time.monotonic()
+    tasks = [asyncio.ensure_future(live(m)) for m in members]
+    await joins_done.wait()
+    joins = time.monotonic() - start
+    try:
+        await asyncio.wait_for(settled.wait(), 600)
+    finally:
+        elapsed = time.monotonic() - start
+        await asyncio.gather(*tasks, return_exceptions=True)
+        while not pool.empty():
+            await pool.get_nowait().close()
+    if failures:
+        raise SystemExit(f"{len(failures)} members failed, first: {failures[0]}")
+    if transport_errors[0]:
+        print(f"   ({transport_errors[0]} dropped connections or 503s retried, as the data plane does)")
+    return elapsed, requests, joins
 
 
 def single_join_cost(group: str, samples: int = 40) -> dict[str, dict[str, float]]:
@@ -347,8 +367,9 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     server = start_server(port)
     try:
+        conns = f"{STORM_CONNECTIONS} shared connections" if STORM_CONNECTIONS else "a connection each"
         print(f"== {MEMBERS} members joining a group of {SHARDS} shards at once, heartbeats every 3 s"
-              " (revocations reported at once)")
+              f" (revocations reported at once, {conns})")
         seconds, requests, joins = asyncio.run(converge(url, "bench", key))
         from groups.models import Event
 
