@@ -339,6 +339,9 @@ def main() -> None:
     os.environ["DATABASE_URL"] = DB_URL
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "coordinator_project.settings")
     os.environ.setdefault("SECRET_KEY", "bench-insecure-key")  # the server refuses to start without one
+    # As the servers it starts: the single-join figure is not the time to print two INFO
+    # event lines per join to this terminal.
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
     import django
 
     django.setup()
