@@ -3,7 +3,7 @@ the snapshot a shared group read must not throw away (issue 11, join storms)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -63,18 +63,37 @@ def test_a_join_with_a_recompute_saves_its_row_before_the_slots_that_name_it(hb:
     assert ShardAssignment.objects.filter(group__name="g1", target__member_id="b").count() == 2
 
 
+def behind_the_gate(group: str, waiter: Callable[[], None]) -> Any:
+    """Run `waiter` in a thread while another thread holds `group`'s gate; check that it queues
+    there, then release the gate. Returns when the gate was released."""
+    held = threading.Event()
+    release = threading.Event()
+    released_at: list[Any] = []
+
+    def holder() -> None:
+        with store.group_gate(group):
+            held.set()
+            release.wait(10)
+            released_at.append(timezone.now())
+
+    t1 = threading.Thread(target=holder)
+    t1.start()
+    assert held.wait(10)
+    t2 = threading.Thread(target=waiter)
+    t2.start()
+    t2.join(0.2)
+    assert t2.is_alive()  # queued behind the holder
+    release.set()
+    t1.join(10)
+    t2.join(10)
+    return released_at[0]
+
+
 def test_a_request_waiting_for_its_groups_gate_holds_no_database_connection(db):
     """Requests of one worker queue on their group's gate; a waiter that kept a pooled
     connection could starve the holder of one (gevent workers have two "default" and four
     "liveness"): it hands back both."""
-    held = threading.Event()
-    release = threading.Event()
     seen: dict[str, Any] = {}
-
-    def holder() -> None:
-        with store.group_gate("g-gate"):
-            held.set()
-            release.wait(10)
 
     def waiter() -> None:
         for alias in ("default", "liveness"):
@@ -85,16 +104,7 @@ def test_a_request_waiting_for_its_groups_gate_holds_no_database_connection(db):
             seen["while_waiting_closed"] = all(connections[a].connection is None for a in ("default", "liveness"))
         connections.close_all()
 
-    t1 = threading.Thread(target=holder)
-    t1.start()
-    assert held.wait(10)
-    t2 = threading.Thread(target=waiter)
-    t2.start()
-    t2.join(0.2)
-    assert t2.is_alive()  # waits for the holder
-    release.set()
-    t1.join(10)
-    t2.join(10)
+    behind_the_gate("g-gate", waiter)
     assert seen == {"before": True, "while_waiting_closed": True}
 
 
@@ -245,31 +255,13 @@ def test_r1b_an_api_heartbeat_is_applied_at_the_time_it_gets_the_lock(hb: Hb):
     group's gate and lock, not on arrival: a storm's queued joins extend R1b's window while
     they apply, instead of each finding it long over and recomputing the target again."""
     beat("a", 0)
-    held = threading.Event()
-    release = threading.Event()
-    released_at: list[Any] = []
-
-    def holder() -> None:
-        with store.group_gate("g1"):
-            held.set()
-            release.wait(10)
-            released_at.append(timezone.now())
 
     def joiner() -> None:
         heartbeat_service("g1", HeartbeatRequest(member_id="b", member_epoch=0))
         connections.close_all()
 
-    t1 = threading.Thread(target=holder)
-    t1.start()
-    assert held.wait(10)
     arrived = timezone.now()
-    t2 = threading.Thread(target=joiner)
-    t2.start()
-    t2.join(0.2)
-    assert t2.is_alive()  # queued at the gate
-    release.set()
-    t1.join(10)
-    t2.join(10)
+    released_at = behind_the_gate("g1", joiner)
     b = Member.objects.get(group__name="g1", member_id="b")
-    assert b.last_heartbeat_at >= released_at[0] > arrived
+    assert b.last_heartbeat_at >= released_at > arrived
     assert Group.objects.get(name="g1").rebalance_deferred_at is None  # window 0 in tests: recomputed
