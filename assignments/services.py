@@ -1,7 +1,6 @@
 """Heartbeat service: the shell around `coordination.engine.heartbeat` (load, lock, call, persist)."""
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,6 +25,7 @@ from coordination.model import (
     HeartbeatRequest,
     HeartbeatResponse,
 )
+from coordinator_project.named_locks import NamedLocks
 from dataplane.protocol import JOIN_EPOCH, ErrorCode
 from groups.api_errors import error_body
 from groups.metadata import group_metadata
@@ -83,8 +83,7 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime | None = Non
     return HeartbeatResult(response, metadata)
 
 
-_counting: dict[str, threading.Lock] = {}
-_counting_lock = threading.Lock()
+_counting = NamedLocks()  # group name → its member count in flight
 
 
 def _refused_join(group_name: str, req: HeartbeatRequest) -> HeartbeatResponse | None:
@@ -101,9 +100,7 @@ def _refused_join(group_name: str, req: HeartbeatRequest) -> HeartbeatResponse |
     # One count per group at a time in this process: a storm's joins all arrive before the
     # first count has answered; the others wait for its figure instead of each queueing for
     # one of the worker's two connections (ahead of the locked passes that need them).
-    with _counting_lock:
-        counting = _counting.setdefault(group_name, threading.Lock())
-    with counting:
+    with _counting[group_name]:
         if clearly_has_room(group_name):
             return None
         counts = live_member_counts(group_name, req.member_id)

@@ -21,6 +21,7 @@ from django.utils import timezone
 from assignments.models import ShardAssignment
 from coordination.model import LIVE_STATUSES, Changes, GroupState, Member, MemberStatus, ShardSlot
 from coordinator_project import dbpool
+from coordinator_project.named_locks import NamedLocks
 from groups.models import Event, Group, Shard, Stream, VersionState
 from members.models import Member as MemberRow
 
@@ -367,8 +368,7 @@ def _checkin(group_pk: int, snap: Snapshot) -> None:
 # snapshot and loads the whole group (~20 ms for 1,000 × 4,096). In a join storm that was one
 # locked pass in six. Waiting here is cooperative (gevent patches threading) and costs
 # nothing the row lock would not: the passes of a group run one at a time anyway.
-_gates: dict[str, threading.Lock] = {}
-_gates_lock = threading.Lock()
+_gates = NamedLocks()
 
 
 @contextmanager
@@ -377,10 +377,7 @@ def group_gate(name: str, *, wait: bool = True) -> Iterator[bool]:
     commit → snapshot back). Yields False, without waiting, when `wait` is off and the gate
     is taken. Call it outside any transaction: before waiting it hands this request's
     database connections back (to the pools under gevent), since the holder may need one."""
-    with _gates_lock:
-        gate = _gates.get(name)
-        if gate is None:
-            gate = _gates[name] = threading.Lock()
+    gate = _gates[name]
     if not gate.acquire(blocking=False):
         if not wait:
             yield False
@@ -629,31 +626,31 @@ class _Batch:
 
     def __init__(self) -> None:
         self.statements: list[tuple[str, list[object], Callable[[list[tuple]], None] | None]] = []
-        self.commit = False  # end the transaction in the same round trip (PostgreSQL)
 
     def add(self, sql: str, params: list[object], on_rows: Callable[[list[tuple]], None] | None = None) -> None:
         self.statements.append((sql, params, on_rows))
 
-    def run(self) -> None:
-        if self.commit:
-            # Django's commit at the end of the atomic block then finds the transaction over
-            # and sends nothing (psycopg skips COMMIT when the server is idle); on an error the
-            # COMMIT is never reached and the block rolls back as usual.
+    def run(self, *, commit: bool = False) -> None:
+        """Send the statements added so far (the batch is then empty again). `commit`: end the
+        transaction in the same round trip; Django's commit at the end of the atomic block then
+        finds it over and sends nothing (psycopg skips COMMIT when the server is idle), and on
+        an error the COMMIT is never reached and the block rolls back as usual."""
+        if commit:
             self.add("COMMIT", [])
-            self.commit = False
-        if not self.statements:
+        statements, self.statements = self.statements, []
+        if not statements:
             return
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
-                cursor.execute(";\n".join(sql for sql, _, _ in self.statements),
-                               [p for _, params, _ in self.statements for p in params])
-                for i, (_, _, on_rows) in enumerate(self.statements):
+                cursor.execute(";\n".join(sql for sql, _, _ in statements),
+                               [p for _, params, _ in statements for p in params])
+                for i, (_, _, on_rows) in enumerate(statements):
                     if i:
                         cursor.nextset()
                     if on_rows is not None:
                         on_rows(cursor.fetchall())
                 return
-            for sql, params, on_rows in self.statements:
+            for sql, params, on_rows in statements:
                 cursor.execute(sql, params)
                 if on_rows is not None:
                     on_rows(cursor.fetchall())
@@ -674,11 +671,10 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
     changes = state.changes
     group = loaded.group
     writes = _Batch()
-    if commit and connection.vendor == "postgresql" and len(connection.atomic_blocks) == 1:
-        writes.commit = True
+    commit = commit and connection.vendor == "postgresql" and len(connection.atomic_blocks) == 1
     if not (changes.group or changes.members or changes.shards):
         _save_events(writes, state, loaded, actor)
-        writes.run()
+        writes.run(commit=commit)
         return
     if not changes.granted and connection.vendor == "postgresql":
         # Only a grant must be on disk before its answer (R9 across a crash: a member may start
@@ -753,10 +749,7 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
         loaded.member_values[mid] = {**prior, **changed}
     if changes.shards:
         if upserted:
-            commit_later, writes.commit = writes.commit, False
             writes.run()  # slots name an upserted member by its (new) row id: write it first
-            writes = _Batch()
-            writes.commit = commit_later
         rows = []
         for shard_id in sorted(changes.shards):
             slot = state.shards[shard_id]
@@ -769,7 +762,7 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
             ))
         _write_slots(writes, rows)
     _save_events(writes, state, loaded, actor)
-    writes.run()
+    writes.run(commit=commit)
 
 
 def _remember_pk(loaded: Loaded, mid: str, values: dict[str, object]) -> Callable[[list[tuple]], None]:

@@ -617,9 +617,7 @@ def r1b_defer_rebalance(
         if not (recent or alone):
             return None
     since = state.rebalance_deferred_at or now
-    due = deadline(now, window)
-    if state.rebalance_due_at is not None and state.rebalance_due_at > due:
-        due = state.rebalance_due_at
+    due = max(deadline(now, window), state.rebalance_due_at or now)
     return min(due, deadline(since, window * R1B_MAX_WINDOWS))
 
 

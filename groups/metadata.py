@@ -5,8 +5,9 @@ which every change they show raises.
 """
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from rest_framework.renderers import JSONRenderer
 
 from dataplane.routing import HASH_ALGORITHM, ShardKeys, hash_range
 from groups.models import Group, Shard, ShardVersion, Stream, VersionState
@@ -100,9 +101,7 @@ def rendered(doc: dict[str, Any]) -> bytes | None:
         return entry[1]
     if not any(cached is doc for cached in _cache.values()):
         return None
-    # As DRF's JSONRenderer writes it (UNICODE_JSON, COMPACT_JSON, STRICT_JSON).
-    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    text_bytes = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").encode()
+    text_bytes = JSONRenderer().render(doc)  # the answer's own renderer and settings
     if len(_rendered) > 64:
         _rendered.clear()
     _rendered[id(doc)] = (doc, text_bytes)

@@ -6,7 +6,6 @@ import hashlib
 import logging
 import re
 import secrets
-import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,6 +18,7 @@ from django.utils import timezone
 from assignments.models import ShardAssignment
 from assignments.store import lock_group
 from coordinator_project import dbpool
+from coordinator_project.named_locks import NamedLocks
 from dataplane.routing import shard_id
 from groups.errors import ServiceError
 from groups.models import (
@@ -182,8 +182,7 @@ LAST_USED_EVERY = timedelta(minutes=1)
 MAX_GRACE_SECONDS = 30 * 86_400
 _key_cache: dict[str, tuple[float, KeyScope]] = {}
 _unknown_keys: dict[str, float] = {}
-_loading: dict[str, threading.Lock] = {}  # key digest -> the lookup in flight
-_loading_lock = threading.Lock()
+_loading = NamedLocks()  # key digest → its lookup in flight
 
 
 def _hash(raw: str) -> str:
@@ -291,31 +290,20 @@ def resolve_api_key(raw: str) -> KeyScope | None:
     if not raw or len(raw) > MAX_KEY_LENGTH:
         return None
     digest = _hash(raw)
-    now = time.monotonic()
-    hit = _key_cache.get(digest)
-    if hit is not None and hit[0] > now:
-        scope = hit[1]
-        return None if scope.expires_at is not None and scope.expires_at <= time.time() else scope
-    if _unknown_keys.get(digest, 0.0) > now:
-        return None
+    known, scope = _cached_key(digest)
+    if known:
+        return scope
     # One lookup per key at a time in this process: when the cached entry expires, a gevent
     # worker may hold hundreds of requests of that key (a join storm with a connection per
     # member), and each would query and queue for one of the worker's two connections.
-    with _loading_lock:
-        loading = _loading.setdefault(digest, threading.Lock())
-    with loading:
-        now = time.monotonic()
-        hit = _key_cache.get(digest)
-        if hit is not None and hit[0] > now:  # loaded while this request waited
-            scope = hit[1]
-            return None if scope.expires_at is not None and scope.expires_at <= time.time() else scope
-        if _unknown_keys.get(digest, 0.0) > now:
-            return None
+    with _loading[digest]:
+        known, scope = _cached_key(digest)  # looked up while this request waited
+        if known:
+            return scope
         try:
             scope = _load_key(digest)
         finally:
-            with _loading_lock:
-                _loading.pop(digest, None)  # its waiters hold it; later requests find the cache
+            _loading.discard(digest)  # its waiters hold it; later requests find the cache
         dbpool.release()  # a request may wait long after this (the group's gate, a shared read)
         now = time.monotonic()  # fresh from the answer, however long the lookup took
         if scope is None:
@@ -328,6 +316,16 @@ def resolve_api_key(raw: str) -> KeyScope | None:
                 _key_cache.clear()
             _key_cache[digest] = (now + KEY_CACHE_SECONDS, scope)
         return scope
+
+
+def _cached_key(digest: str) -> tuple[bool, KeyScope | None]:
+    """(True, scope or None) when the caches answer for this key now, else (False, None)."""
+    now = time.monotonic()
+    hit = _key_cache.get(digest)
+    if hit is not None and hit[0] > now:
+        scope = hit[1]
+        return True, None if scope.expires_at is not None and scope.expires_at <= time.time() else scope
+    return _unknown_keys.get(digest, 0.0) > now, None
 
 
 def _load_key(digest: str) -> KeyScope | None:
