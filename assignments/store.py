@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -311,6 +312,9 @@ class Snapshot:
     pk_member: dict[int, str]
     version: int
     shape: tuple[object, ...]  # what a version number alone does not cover (see _shape)
+    # Steady answers given from this snapshot at this version (fastpath._from_snapshot); every
+    # locked pass that takes the snapshot empties it before it changes anything.
+    steady: dict[tuple[object, ...], Any] = field(default_factory=dict)
 
 
 _snapshots: OrderedDict[int, Snapshot] = OrderedDict()
@@ -554,6 +558,7 @@ def load_for_heartbeat(
         snap = Snapshot(state, loaded, {pk: mid for mid, pk in loaded.member_pk.items()},
                          group.state_version, _shape(group))
     else:
+        snap.steady.clear()  # the answers of the state this pass may change
         if snap.version < group.state_version:
             _catch_up(snap, group, fetched)
         # The heartbeating member's row is always read fresh: its last-seen and last report

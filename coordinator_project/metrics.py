@@ -65,6 +65,8 @@ HEARTBEAT_LATENCY = Histogram(
 )
 
 
+_heartbeat_counters: dict[tuple[str, str, str], Any] = {}
+
 # Refusals an unauthenticated or misbehaving client can repeat at will: one line per 10 s each.
 _THROTTLED_CODES = frozenset({ErrorCode.AUTHENTICATION_FAILED, ErrorCode.RATE_LIMITED})
 REFUSAL_LOG_THROTTLE = LogThrottle(every=10.0)
@@ -74,7 +76,11 @@ def record_heartbeat(group: str, data: Any, body: Any, seconds: float, path: str
     """Count one answered heartbeat; log it when refused. Cheap: no I/O besides the log line."""
     body = body if isinstance(body, dict) else {}
     code = str(body.get("errorCode") or ErrorCode.NONE)
-    HEARTBEATS.labels(code, str(body.get("status") or ""), path).inc()
+    labels = (code, str(body.get("status") or ""), path)
+    counter = _heartbeat_counters.get(labels)
+    if counter is None:  # labels() validates and locks on every call: once per label set
+        counter = _heartbeat_counters[labels] = HEARTBEATS.labels(*labels)
+    counter.inc()
     HEARTBEAT_LATENCY.observe(seconds)
     if code != ErrorCode.NONE:
         held = 0

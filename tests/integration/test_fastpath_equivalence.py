@@ -136,10 +136,20 @@ _STEADY_HISTORY = [
 ]
 
 
+# Steady requests repeated across a change made in this process: the same request on a changed
+# state must not get the answer the snapshot memoized before the change.
+_MEMO_HISTORY = [
+    ("join", "a", False), ("settle", "", False), ("settle", "", False),
+    ("beat", "a", "steady"), ("beat", "a", "steady"), ("join", "b", False), ("beat", "a", "steady"),
+    ("beat", "a", "subset"), ("fence", "b", False), ("beat", "a", "subset"), ("beat", "a", "steady"),
+]
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(history=steps)
 @example(history=_STEADY_HISTORY)
+@example(history=_MEMO_HISTORY)
 def test_fast_path_and_snapshots_answer_exactly_as_the_locked_core(history, stream_redis):
     n = next(_names)
     stream, group = f"rs-fp{n}", f"fp{n}"
@@ -260,3 +270,46 @@ def test_r1_max_members_refusal_is_decided_before_loading_the_group(hb, orders):
     assert (body["errorCode"], body["errorMessage"]) == (core.error_code.value, core.error_message)
     # A live member's rejoin is not a new member: never refused for size.
     assert hb({"memberId": "a", "memberEpoch": 0})[0] == 200
+
+
+def test_a_repeated_steady_heartbeat_is_answered_from_the_snapshots_memo_and_still_stamped(
+        orders, monkeypatch):
+    """The same steady request on the same committed state is the same core answer: the
+    second one comes from the snapshot's memo (the core is not run again), equal to the
+    locked core's answer, and its last-seen is stamped all the same (L1)."""
+    now = timezone.now()
+    joined = services.heartbeat(orders.group, HeartbeatRequest(member_id="a", member_epoch=0), now).response
+    req = HeartbeatRequest(member_id="a", member_epoch=joined.member_epoch, metadata_epoch=1,
+                           owned_shards=joined.assignment.assigned)
+    first = fastpath.steady_heartbeat(orders.group, req, now + timedelta(seconds=1))
+    assert first is not None
+    runs: list[HeartbeatRequest] = []
+    core = fastpath.engine.heartbeat
+    monkeypatch.setattr(fastpath.engine, "heartbeat", lambda s, r, n: runs.append(r) or core(s, r, n))
+    later = now + timedelta(seconds=2)
+    again = fastpath.steady_heartbeat(orders.group, req, later)
+    assert again is not None
+    assert runs == []  # from the memo
+    fastpath.flush_stamps()
+    monkeypatch.undo()
+    assert fields(again.response) == fields(locked_fresh(orders.group, req, later).response)
+    from members.models import Member
+
+    assert Member.objects.get(group__name=orders.group, member_id="a").last_heartbeat_at == later
+
+
+def test_a_locked_pass_empties_the_memo_so_a_changed_state_is_answered_by_the_core(orders):
+    """After b joins (a locked pass), a's same steady request no longer gets its memoized
+    answer: a now has shards to give up, which the core tells it."""
+    now = timezone.now()
+    joined = services.heartbeat(orders.group, HeartbeatRequest(member_id="a", member_epoch=0), now).response
+    req = HeartbeatRequest(member_id="a", member_epoch=joined.member_epoch, metadata_epoch=1,
+                           owned_shards=joined.assignment.assigned)
+    assert fastpath.steady_heartbeat(orders.group, req, now) is not None
+    group = Group.objects.get(name=orders.group)
+    assert store._snapshots[group.pk].steady  # memoized
+    services.heartbeat(orders.group, HeartbeatRequest(member_id="b", member_epoch=0), now)
+    assert not store._snapshots[group.pk].steady
+    assert fastpath.steady_heartbeat(orders.group, req, now) is None  # the locked path decides
+    result = services.heartbeat(orders.group, req, now)
+    assert result.response.assignment.revoking  # what the memo would have hidden

@@ -126,10 +126,8 @@ def test_stamp_batch_reaches_members_by_primary_key_without_statistics(storm_wit
     group, _member = storm_without_statistics
     allowed = _allowed_member_indexes()
     ids = list(Member.objects.filter(group=group).values_list("pk", flat=True)[:200])
-    n = len(ids)
-    args = (f"('{{{','.join(map(str, ids))}}}'::bigint[], array_fill(now(), ARRAY[{n}]),"
-            f" array_fill(NULL::jsonb, ARRAY[{n}]), array_fill(1, ARRAY[{n}]),"
-            f" array_fill('STABLE'::text, ARRAY[{n}]), '{{{','.join(map(str, ids))}}}'::bigint[])")
+    rows = ",".join(f'{{"id":{pk},"ts":"2026-01-01T00:00:00+00:00","epoch":1}}' for pk in ids)
+    args = f"('[{rows}]', '{{{','.join(map(str, ids))}}}', 'STABLE')"
     for plan in _plans("stamps", fastpath._STAMP_SQL, args):
         # An index on the primary key, or at worst one scan of the table per batch: never a
         # status index walked once per stamp.
