@@ -30,8 +30,9 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connections
@@ -144,6 +145,9 @@ _refreshed: dict[int, float] = {}  # group pk -> when a steady heartbeat last ca
 class SteadyAnswer:
     response: HeartbeatResponse
     metadata_epoch: int
+    # What the shell derives from a memoized answer once, for every time it is given again
+    # (services.response_body: the wire body and its rendered bytes).
+    derived: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
 
 def available() -> bool:

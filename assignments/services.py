@@ -36,6 +36,20 @@ class HeartbeatResult:
     response: HeartbeatResponse
     metadata: dict[str, Any] | None  # None on errors
     path: str = "locked"  # "fast": answered without the group lock (assignments.fastpath)
+    # A memoized steady answer's cache (fastpath.SteadyAnswer.derived): its wire body is built
+    # once and given to every heartbeat that gets the same answer.
+    derived: dict[str, Any] | None = None
+
+
+class WireBody(dict):  # type: ignore[type-arg]
+    """A wire body that many heartbeats are given as is; the view's renderer keeps its bytes
+    here the first time (`rendered`), so the same answer is not serialized again."""
+
+    __slots__ = ("rendered",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rendered: bytes | None = None
 
 
 def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime | None = None) -> HeartbeatResult:
@@ -48,7 +62,8 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime | None = Non
     if fastpath.available() and fastpath.eligible(req):
         steady = fastpath.steady_heartbeat(group_name, req, now or timezone.now())
         if steady is not None:
-            return HeartbeatResult(steady.response, {"metadataEpoch": steady.metadata_epoch}, "fast")
+            return HeartbeatResult(steady.response, {"metadataEpoch": steady.metadata_epoch}, "fast",
+                                   steady.derived)
     fastpath.flush_stamps()  # the locked pass below reads this process's latest stamps
     if req.member_epoch == JOIN_EPOCH:
         refused = _refused_join(group_name, req)
@@ -115,7 +130,16 @@ def _refused_join(group_name: str, req: HeartbeatRequest) -> HeartbeatResponse |
 
 def response_body(result: HeartbeatResult) -> dict[str, Any]:
     """The wire form: every field present, lists full (§3); an error is errorCode,
-    errorMessage and memberId only."""
+    errorMessage and memberId only. A memoized steady answer's body is built once."""
+    if result.derived is None:
+        return _body(result)
+    body = result.derived.get("body")
+    if body is None:
+        body = result.derived["body"] = WireBody(_body(result))
+    return body
+
+
+def _body(result: HeartbeatResult) -> dict[str, Any]:
     r = result.response
     a = r.assignment
     if r.error_code != ErrorCode.NONE:

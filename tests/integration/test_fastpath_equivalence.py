@@ -313,3 +313,22 @@ def test_a_locked_pass_empties_the_memo_so_a_changed_state_is_answered_by_the_co
     assert fastpath.steady_heartbeat(orders.group, req, now) is None  # the locked path decides
     result = services.heartbeat(orders.group, req, now)
     assert result.response.assignment.revoking  # what the memo would have hidden
+
+
+def test_a_memoized_steady_answer_is_rendered_once_and_sent_as_the_same_bytes(hb, orders):
+    """Over HTTP: the second identical steady heartbeat is given the bytes rendered for the
+    first, which are exactly what DRF's JSON renderer makes of the wire body."""
+    from rest_framework.renderers import JSONRenderer
+
+    _s, joined = hb({"memberId": "a", "memberEpoch": 0})
+    body = {"memberId": "a", "memberEpoch": joined["memberEpoch"], "metadataEpoch": 1,
+            "ownedShards": joined["assignment"]["assignedShards"]}
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {orders.key}"}
+    first, second = (hb.client.post(orders.url(), body, format="json", **headers) for _ in range(2))
+    assert first.status_code == second.status_code == 200
+    assert first.content == second.content
+    snap = store._snapshots[Group.objects.get(name=orders.group).pk]
+    (memo,) = snap.steady.values()
+    wire = memo.answer.derived["body"]
+    assert wire.rendered == second.content == JSONRenderer().render(dict(wire))
+    assert second.json()["status"] == "OK"
