@@ -168,6 +168,35 @@ def test_the_stamp_flush_before_a_locked_pass_hands_its_pooled_connection_back(d
         assert liveness.pool.get_stats()["pool_available"] == 1  # back in the pool, not closed
 
 
+def test_a_steady_heartbeat_on_pooled_connections_reads_through_the_pool_itself(hb: Hb):
+    """Gevent workers: the steady path's group read takes a connection of the "liveness" pool
+    directly (no Django connect per read) and gives it back at once; the answer is the core's."""
+    a = beat("a", 0)
+    req = HeartbeatRequest(member_id="a", member_epoch=a.member_epoch, metadata_epoch=1,
+                           owned_shards=a.assignment.assigned)
+    from django.db.backends.signals import connection_created
+
+    connects: list[str] = []
+
+    def connected(sender: Any, connection: Any, **kwargs: Any) -> None:
+        connects.append(connection.alias)
+
+    with pooled("liveness") as liveness:
+        connection_created.connect(connected)
+        try:
+            result = heartbeat_service("g1", req, timezone.now())
+        finally:
+            connection_created.disconnect(connected)
+        assert result.path == "fast"
+        assert "liveness" not in connects  # Django's wrapper never connected
+        assert liveness.connection is None
+        stats = liveness.pool.get_stats()
+        assert stats["requests_num"] >= 1  # the read went through the pool
+        assert stats["pool_available"] == 1  # and its connection is back
+        fastpath.flush_stamps()
+    assert result.response.assignment.assigned == a.assignment.assigned
+
+
 def test_a_key_lookup_hands_its_pooled_connection_back(db):
     """The first request of a worker looks its key up; it then may wait long (the gate, a
     shared read) and must not hold a "default" connection meanwhile."""
