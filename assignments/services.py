@@ -1,6 +1,8 @@
 """Heartbeat service: the shell around `coordination.engine.heartbeat` (load, lock, call, persist)."""
 from __future__ import annotations
 
+from collections import deque
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,6 +24,7 @@ from assignments.store import (
 )
 from coordination import engine
 from coordination.model import (
+    Changes,
     HeartbeatRequest,
     HeartbeatResponse,
 )
@@ -69,31 +72,133 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime | None = Non
         refused = _refused_join(group_name, req)
         if refused is not None:
             return HeartbeatResult(refused, None)  # decided without the lock or a snapshot
+    if not snapshots_enabled():
+        return _locked_alone(group_name, req, now)
+    return _locked_in_turn(group_name, _Queued(req, now))
+
+
+def _locked_alone(group_name: str, req: HeartbeatRequest, now: datetime | None) -> HeartbeatResult:
+    """One heartbeat under the group lock on a state loaded for it (RSC_GROUP_SNAPSHOTS off)."""
     with group_gate(group_name), transaction.atomic():
-        if snapshots_enabled():
-            group, state, loaded = lock_and_load(group_name, req.member_id)
-        else:
-            group, state, loaded = lock_group(group_name), None, None
+        group = lock_group(group_name)
         applied = now or timezone.now()
         if group is None:
-            return HeartbeatResult(
-                HeartbeatResponse(
-                    error_code=ErrorCode.GROUP_ID_NOT_FOUND,
-                    error_message=f"group {group_name!r} does not exist",
-                    member_id=req.member_id,
-                ),
-                None,
-            )
-        if state is None or loaded is None:  # no snapshots: load what this heartbeat needs
-            if engine.needs_full_state(req, group.rebalance_due_at, applied):
-                state, loaded = load_state(group, req.member_id)
-            else:
-                claimed = (req.owned_shards or ()) + tuple(r.shard for r in req.revoking_shards)
-                state, loaded = load_member_view(group, req.member_id, claimed)
+            return _no_group(group_name, req)
+        if engine.needs_full_state(req, group.rebalance_due_at, applied):
+            state, loaded = load_state(group, req.member_id)
+        else:
+            claimed = (req.owned_shards or ()) + tuple(r.shard for r in req.revoking_shards)
+            state, loaded = load_member_view(group, req.member_id, claimed)
         response = engine.heartbeat(state, req, applied)
         if response.error_code != ErrorCode.NONE:
             return HeartbeatResult(response, None)  # R8: a refused heartbeat changes nothing
         save_state(state, loaded, applied, commit=True)
+    return _result(group, response)
+
+
+# --- group commit --------------------------------------------------------------------------
+# A group's locked passes run one at a time (its row lock; this process's gate). While one
+# runs, the process's other locked heartbeats of the group queue; the next pass applies every
+# queued one (up to BATCH_MAX), in arrival order, to the one state it loaded, then saves and
+# commits once: exactly what the same heartbeats would do in passes of their own, one after
+# the other (each is applied at the time its turn comes), with one lock, one load, one write
+# batch and one commit for all. A join storm is a queue of hundreds of joins, then of
+# hundreds of heartbeats collecting their grants (Kafka's coordinator, single-threaded per
+# group, works the same way).
+BATCH_MAX = 64
+
+
+@dataclass(eq=False)
+class _Queued:
+    req: HeartbeatRequest
+    now: datetime | None
+    result: HeartbeatResult | None = None
+    error: BaseException | None = None
+
+
+_queues: dict[str, deque[_Queued]] = {}
+
+
+def _locked_in_turn(group_name: str, mine: _Queued) -> HeartbeatResult:
+    queue = _queues.setdefault(group_name, deque())
+    queue.append(mine)
+    with group_gate(group_name):
+        if mine.result is None and mine.error is None:  # nobody applied it while it waited
+            batch = [mine]
+            while queue and len(batch) < BATCH_MAX:
+                queued = queue.popleft()
+                if queued is not mine:
+                    batch.append(queued)
+            with suppress(ValueError):
+                queue.remove(mine)  # in the queue still if a full batch left it there
+            _apply_batch(group_name, batch)
+    if mine.error is not None:
+        raise mine.error
+    assert mine.result is not None  # noqa: S101 - _apply_batch answers every one
+    return mine.result
+
+
+def _apply_batch(group_name: str, batch: list[_Queued]) -> None:
+    """Apply `batch` in one pass; if that fails, each heartbeat in a pass of its own, so one
+    that fails (a database error, a bug) fails alone."""
+    try:
+        _pass(group_name, batch)
+        return
+    except Exception as exc:
+        if len(batch) == 1:
+            batch[0].error = exc
+            return
+    for queued in batch:
+        try:
+            _pass(group_name, [queued])
+        except Exception as exc:
+            queued.error = exc
+
+
+def _pass(group_name: str, batch: list[_Queued]) -> None:
+    """One locked pass (gate held): lock and load once, apply each heartbeat in turn, save
+    and commit once. Answers are set only once the commit succeeded."""
+    answers: list[HeartbeatResponse] = []
+    with transaction.atomic():
+        group, state, loaded = lock_and_load(group_name, tuple(q.req.member_id for q in batch))
+        if group is None or state is None or loaded is None:
+            for queued in batch:
+                queued.result = _no_group(group_name, queued.req)
+            return
+        applied = timezone.now()
+        for queued in batch:
+            applied = queued.now or timezone.now()
+            before = _changed(state.changes)
+            response = engine.heartbeat(state, queued.req, applied)
+            if response.error_code != ErrorCode.NONE and _changed(state.changes) != before:
+                # R8: a refused heartbeat changes nothing; the others' changes must not carry
+                # a half-applied one.
+                raise RuntimeError(f"refused heartbeat changed the state: {queued.req}")
+            answers.append(response)
+        if not state.changes.empty:
+            save_state(state, loaded, applied, commit=True)
+    for queued, response in zip(batch, answers, strict=True):
+        queued.result = _result(group, response)
+
+
+def _changed(changes: Changes) -> tuple[object, ...]:
+    return (changes.group, len(changes.members), len(changes.shards), len(changes.events), changes.granted)
+
+
+def _no_group(group_name: str, req: HeartbeatRequest) -> HeartbeatResult:
+    return HeartbeatResult(
+        HeartbeatResponse(
+            error_code=ErrorCode.GROUP_ID_NOT_FOUND,
+            error_message=f"group {group_name!r} does not exist",
+            member_id=req.member_id,
+        ),
+        None,
+    )
+
+
+def _result(group: Any, response: HeartbeatResponse) -> HeartbeatResult:
+    if response.error_code != ErrorCode.NONE:
+        return HeartbeatResult(response, None)
     metadata = group_metadata(group) if response.full_metadata else {"metadataEpoch": group.metadata_epoch}
     return HeartbeatResult(response, metadata)
 

@@ -185,10 +185,17 @@ def _reports(cursor: object, group: Group, member_ids: list[str]) -> dict[str, l
 
 
 _MEMBER_SQL = f"SELECT {', '.join(_MEMBER_COLUMNS)} FROM {MemberRow._meta.db_table} WHERE group_id = %s"
-_MEMBER_WITH_REPORT_SQL = (
+_MEMBER_WITH_REPORT_SQL = (  # + " IN (...)": the heartbeating members
     f"SELECT {', '.join(_MEMBER_COLUMNS)}, last_reported_owned FROM {MemberRow._meta.db_table}"
-    " WHERE group_id = %s AND member_id = %s"
+    " WHERE group_id = %s AND member_id"
 )
+
+
+def _heartbeating(member_id: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The heartbeating members of a locked pass: none (a sweep), one, or a batch."""
+    if member_id is None:
+        return ()
+    return (member_id,) if isinstance(member_id, str) else tuple(dict.fromkeys(member_id))
 _SLOT_SQL = (
     "SELECT id, shard_id, owner_id, revoking, grant_epoch, target_id, drained_at"
     f" FROM {ShardAssignment._meta.db_table} WHERE group_id = %s"
@@ -196,20 +203,20 @@ _SLOT_SQL = (
 
 
 def load_state(
-    group: Group, member_id: str | None = None, *, lock_members: bool = False
+    group: Group, member_id: str | tuple[str, ...] | None = None, *, lock_members: bool = False
 ) -> tuple[GroupState, Loaded]:
     """The group's snapshot: live members (plus `member_id`'s row whatever its status, with its
-    last report: the heartbeating member) and every slot.
+    last report: the heartbeating member, or each of a batch of them) and every slot.
 
     `lock_members` row-locks the members too: sweeps use it so a concurrent lock-free steady
     heartbeat (fastpath) either lands before the sweep reads last-seen or waits and misses.
     Plain tuples, not model instances: this runs on every locked heartbeat of big groups.
     """
-    also = (member_id,) if member_id else ()
+    also = _heartbeating(member_id)
     member_sql = _MEMBER_SQL + f" AND (status IN {_in(_LIVE)} OR member_id IN {_in(also)})"
     if lock_members and connection.features.has_select_for_update:
         member_sql += " FOR UPDATE"
-    return _load(group, member_sql, [group.pk, *_LIVE, *also], _SLOT_SQL, [group.pk], member_id)
+    return _load(group, member_sql, [group.pk, *_LIVE, *also], _SLOT_SQL, [group.pk], also)
 
 
 def load_member_view(
@@ -225,14 +232,14 @@ def load_member_view(
     )
     return _load(
         group, _MEMBER_SQL + " AND member_id = %s", [group.pk, member_id],
-        slot_sql, [group.pk, group.pk, member_id, group.pk, member_id, *claimed], member_id,
+        slot_sql, [group.pk, group.pk, member_id, group.pk, member_id, *claimed], (member_id,),
         partial=True,
     )
 
 
 def _load(
     group: Group, member_sql: str, member_params: list[object], slot_sql: str,
-    slot_params: list[object], member_id: str | None, partial: bool = False,
+    slot_params: list[object], heartbeating: tuple[str, ...], partial: bool = False,
 ) -> tuple[GroupState, Loaded]:
     loaded = Loaded(group=group)
     members: dict[str, Member] = {}
@@ -243,7 +250,8 @@ def _load(
         pk_member = {row[0]: row[1] for row in member_rows}
         cursor.execute(slot_sql, slot_params)
         slot_rows = cursor.fetchall()
-        reports = _reports(cursor, group, [member_id] if member_id in pk_member.values() else [])
+        present = set(pk_member.values())
+        reports = _reports(cursor, group, [mid for mid in heartbeating if mid in present])
         _name_unloaded(cursor, pk_member, loaded, _referenced(slot_rows))
     for row in member_rows:
         loaded.member_pk[row[1]] = row[0]
@@ -508,10 +516,12 @@ _LOCK_SQL = (
 _pk_by_name: dict[str, int] = {}  # group name → row id, for snapshots this process holds
 
 
-def lock_and_load(group_name: str, member_id: str) -> tuple[Group | None, GroupState | None, Loaded | None]:
+def lock_and_load(
+    group_name: str, member_id: str | tuple[str, ...]
+) -> tuple[Group | None, GroupState | None, Loaded | None]:
     """`lock_group` then `load_for_heartbeat`, in one round trip on PostgreSQL: the lock
     statement goes out with the reads that bring this process's snapshot up to date (rows
-    written after its version, the heartbeating member's row). They run after the lock is
+    written after its version, the heartbeating members' rows). They run after the lock is
     granted, in the same transaction, so they see every write before it; if the snapshot turns
     out not to fit the locked row, it is dropped and the group loaded in full. Every round trip
     inside the lock is a wait for the whole group (and, under gevent, a chance for the worker's
@@ -530,7 +540,8 @@ def lock_and_load(group_name: str, member_id: str) -> tuple[Group | None, GroupS
         version = fetched.snap.version
         batch.add(_MEMBER_SQL + " AND state_version > %s", [pk, version], fetched.members.extend)
         batch.add(_SLOT_SQL + " AND state_version > %s", [pk, version], fetched.slots.extend)
-        batch.add(_MEMBER_WITH_REPORT_SQL, [pk, member_id], fetched.member_row.extend)
+        ids = _heartbeating(member_id)
+        batch.add(_MEMBER_WITH_REPORT_SQL + f" IN {_in(ids)}", [pk, *ids], fetched.member_row.extend)
     batch.run()
     if not found:
         return None, None, None
@@ -543,39 +554,44 @@ def lock_and_load(group_name: str, member_id: str) -> tuple[Group | None, GroupS
 
 
 def load_for_heartbeat(
-    group: Group, member_id: str | None, fetched: _Prefetch | None = None
+    group: Group, member_id: str | tuple[str, ...] | None, fetched: _Prefetch | None = None
 ) -> tuple[GroupState, Loaded]:
     """The full snapshot a locked heartbeat needs (the caller holds the group lock), from this
     process's cache when it can be brought up to date cheaply; exactly what
     `load_state(group, member_id)` returns. `fetched`: the snapshot and rows `lock_and_load`
     read with the lock.
     """
+    heartbeating = _heartbeating(member_id)
     snap = fetched.snap if fetched is not None else _checkout(group.pk)
     if snap is not None and (snap.shape != _shape(group) or snap.version > group.state_version):
         snap = None  # a reshard step changed the slot set, or the database went back
     if snap is None:
-        state, loaded = load_state(group, member_id)
+        state, loaded = load_state(group, heartbeating)
         snap = Snapshot(state, loaded, {pk: mid for mid, pk in loaded.member_pk.items()},
                          group.state_version, _shape(group))
     else:
         snap.steady.clear()  # the answers of the state this pass may change
         if snap.version < group.state_version:
             _catch_up(snap, group, fetched)
-        # The heartbeating member's row is always read fresh: its last-seen and last report
-        # are written by the lock-free steady path, which does not raise the version.
-        if member_id is not None:
+        # The heartbeating members' rows are always read fresh: their last-seen and last
+        # report are written by the lock-free steady path, which does not raise the version.
+        if heartbeating:
             if fetched is not None:
-                found = fetched.member_row[0] if fetched.member_row else None
+                found = fetched.member_row
             else:
                 with connection.cursor() as cursor:
-                    cursor.execute(_MEMBER_WITH_REPORT_SQL, [group.pk, member_id])
-                    found = cursor.fetchone()
-            if found is not None:
-                row, owned = found[:-1], found[-1]
+                    cursor.execute(_MEMBER_WITH_REPORT_SQL + f" IN {_in(heartbeating)}",
+                                   [group.pk, *heartbeating])
+                    found = cursor.fetchall()
+            fresh = {row[1]: row for row in found}
+            for mid in heartbeating:
+                row = fresh.get(mid)
+                if row is None:
+                    _drop_member(snap, mid)
+                    continue
+                owned = row[-1]
                 report = owned if isinstance(owned, list) else json.loads(owned or "[]")
-                _put_member(snap, row, {member_id: report}, keep=True)
-            else:
-                _drop_member(snap, member_id)
+                _put_member(snap, row[:-1], {mid: report}, keep=True)
         state = snap.state
         state.group_epoch = group.group_epoch
         state.assignment_epoch = group.assignment_epoch
@@ -595,12 +611,14 @@ def load_for_heartbeat(
         # Runs only after the commit: the snapshot now matches the version just committed.
         for mid in snap.state.changes.members:  # new rows: slots name their members by pk
             snap.pk_member[snap.loaded.member_pk[mid]] = mid
-        member = snap.state.members.get(member_id) if member_id else None
-        if member is not None:
+        for mid in heartbeating:
+            member = snap.state.members.get(mid)
+            if member is None:
+                continue
             if member.live:
-                member.last_reported_owned = None  # a full load reads it for the heartbeating member only
+                member.last_reported_owned = None  # a full load reads it for the heartbeating members only
             else:
-                _drop_member(snap, member_id)
+                _drop_member(snap, mid)
         snap.state.changes = Changes()
         snap.version = group.state_version
         _pk_by_name[group.name] = group.pk

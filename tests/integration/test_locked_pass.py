@@ -3,6 +3,7 @@ the snapshot a shared group read must not throw away (issue 11, join storms)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -294,3 +295,78 @@ def test_r1b_an_api_heartbeat_is_applied_at_the_time_it_gets_the_lock(hb: Hb):
     b = Member.objects.get(group__name="g1", member_id="b")
     assert b.last_heartbeat_at >= released_at > arrived
     assert Group.objects.get(name="g1").rebalance_deferred_at is None  # window 0 in tests: recomputed
+
+
+def _queue_behind_the_gate(group: str, requests: list[HeartbeatRequest]) -> dict[str, Any]:
+    """Queue `requests` (a thread each) while another thread holds `group`'s gate, then let
+    them through: what a gevent worker sees in a join storm. Returns member id → answer or
+    the exception its request raised."""
+    from assignments import services
+
+    held, release = threading.Event(), threading.Event()
+    out: dict[str, Any] = {}
+
+    def holder() -> None:
+        with store.group_gate(group):
+            held.set()
+            release.wait(10)
+
+    def send(req: HeartbeatRequest) -> None:
+        try:
+            out[req.member_id] = heartbeat_service(group, req).response
+        except Exception as exc:  # recorded for the test to check
+            out[req.member_id] = exc
+        finally:
+            connections.close_all()
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert held.wait(10)
+    senders = [threading.Thread(target=send, args=(req,)) for req in requests]
+    for s in senders:
+        s.start()
+    deadline = time.monotonic() + 10
+    while len(services._queues.get(group, ())) < len(requests):  # all queued for the gate
+        assert time.monotonic() < deadline, "requests did not queue at the gate"
+        time.sleep(0.01)
+    release.set()
+    for thread in (t, *senders):
+        thread.join(10)
+    return out
+
+
+def test_group_commit_applies_the_heartbeats_queued_at_a_gate_in_one_locked_pass(hb: Hb):
+    """Joins that queued while the gate was taken are applied by the next pass together: one
+    new state version (one save, one commit) for all, each answered as if alone (R1: a joined
+    member with its own epoch; window 0 in tests: each join recomputes the target)."""
+    beat("a", 0)
+    before = Group.objects.get(name="g1").state_version
+    answers = _queue_behind_the_gate("g1", [HeartbeatRequest(member_id=m, member_epoch=0) for m in "bcd"])
+    assert all(r.error_code == "NONE" for r in answers.values()), answers
+    assert Group.objects.get(name="g1").state_version == before + 1
+    epochs = sorted(r.member_epoch for r in answers.values())
+    assert epochs == sorted(set(epochs))  # applied one after the other: distinct epochs
+    assert epochs[0] > 1
+    assert set(Member.objects.filter(group__name="g1").values_list("member_id", flat=True)) == set("abcd")
+    assert Event.objects.filter(group__name="g1", kind="joined").count() == 4
+
+
+def test_group_commit_a_heartbeat_that_fails_in_a_batch_fails_alone(hb: Hb, monkeypatch):
+    """One request whose pass raises (here: the core, made to fail for member "x") takes
+    nothing else down: the batch is rolled back and each heartbeat applied in a pass of its
+    own; only "x" gets the error."""
+    from assignments import services
+
+    beat("a", 0)
+    real = services.engine.heartbeat
+
+    def failing(state: Any, req: HeartbeatRequest, now: Any) -> Any:
+        if req.member_id == "x":
+            raise RuntimeError("boom")
+        return real(state, req, now)
+
+    monkeypatch.setattr(services.engine, "heartbeat", failing)
+    answers = _queue_behind_the_gate("g1", [HeartbeatRequest(member_id=m, member_epoch=0) for m in "bxc"])
+    assert isinstance(answers["x"], RuntimeError)
+    assert answers["b"].error_code == answers["c"].error_code == "NONE"
+    assert set(Member.objects.filter(group__name="g1").values_list("member_id", flat=True)) == {"a", "b", "c"}
