@@ -215,13 +215,14 @@ def _refused_join(group_name: str, req: HeartbeatRequest) -> HeartbeatResponse |
     """
     if req.owned_shards or getattr(req, "instance_id", None):
         return None  # a static member (§9) may replace its old incarnation: the core decides
-    if clearly_has_room(group_name):
-        return None  # far from full: not worth a statement per join (a join storm's joins)
+    joining = 1 + len(_queues.get(group_name, ()))  # this process's queued heartbeats: joins at most
+    if clearly_has_room(group_name, joining):
+        return None  # a seat for each: a count would refuse nothing (a join storm's joins, one join)
     # One count per group at a time in this process: a storm's joins all arrive before the
     # first count has answered; the others wait for its figure instead of each queueing for
     # one of the worker's two connections (ahead of the locked passes that need them).
     with _counting[group_name]:
-        if clearly_has_room(group_name):
+        if clearly_has_room(group_name, joining):
             return None
         counts = live_member_counts(group_name, req.member_id)
     if counts is None:

@@ -339,11 +339,14 @@ def snapshots_enabled() -> bool:
     return bool(getattr(settings, "RSC_GROUP_SNAPSHOTS", True))
 
 
-def clearly_has_room(group_name: str) -> bool:
-    """Whether this process's snapshot of the group, however old, shows at least a tenth of
-    its maxMembers free. A hint only, for skipping the lock-free capacity precheck of a join
-    (services._refused_join): R1's check under the lock decides anyway, so a stale hint costs
-    at most a refused join taking the lock. False when there is no snapshot here.
+def clearly_has_room(group_name: str, joining: int = 1) -> bool:
+    """Whether this process's last figure of the group (its snapshot's members at the last
+    checkin, all counted as live, or its last count) leaves a seat for each of `joining`
+    joins: this one and those of this process still queued for the group. A hint only, for
+    skipping the lock-free capacity precheck of a join (services._refused_join): R1's check
+    under the lock decides anyway, so a figure made stale by another process's joins costs
+    refused joins one locked pass (batched, group commit), after which the figure here is
+    current again. False when there is no figure here.
     It is kept beside the snapshot, not read from it: in a join storm the snapshot is checked
     out by a locked pass nearly all the time, and every join's count statement then queued
     for the worker's two connections ahead of the locked pass itself (measured: p50 435 ms)."""
@@ -351,7 +354,7 @@ def clearly_has_room(group_name: str) -> bool:
     if seats is None:
         return False
     max_members, live = seats
-    return max_members - live >= max(1, max_members // 10)
+    return max_members - live >= joining
 
 
 _seats: dict[str, tuple[int, int]] = {}  # group name → (maxMembers, live members), last seen here
@@ -726,7 +729,7 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
     if version % ANALYZE_EVERY == 0 and connection.vendor == "postgresql":
         transaction.on_commit(_analyze_hot_tables)
     table = MemberRow._meta.db_table
-    upserted = False
+    upserted: set[str] = set()
     # Removed members first: a replacement (§9 R1s) takes over the old one's instanceId, which
     # the unique constraint allows only once the old row is no longer live.
     for mid in sorted(changes.members, key=lambda mid: (state.members[mid].live, mid)):
@@ -749,7 +752,7 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
             values["last_reported_owned"] = list(m.last_reported_owned)
         pk = loaded.member_pk.get(mid)
         if pk is None:
-            upserted = True
+            upserted.add(mid)
             # A tombstone not loaded (or a new member): upsert by the natural key, in one
             # statement; a new row gets the model's defaults for what the core left unset.
             update = [MemberRow._meta.get_field(name).column for name in [*values, "state_version"]]
@@ -771,19 +774,27 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
         writes.add(f"UPDATE {table} SET {', '.join(f'{c} = %s' for c in columns)} WHERE id = %s", [*params, pk])
         loaded.member_values[mid] = {**prior, **changed}
     if changes.shards:
-        if upserted:
+        by_name = upserted if connection.vendor == "postgresql" else set()
+        if upserted and not by_name:
             writes.run()  # slots name an upserted member by its (new) row id: write it first
+
+        def ref(name: str | None) -> tuple[int | None, str | None]:
+            # PostgreSQL: a member upserted in this batch is named, and the slot statement
+            # finds its new row id itself (one round trip for a join that recomputes).
+            return (None, name) if name in by_name else (_member_pk(loaded, name), None)
+
         rows = []
         for shard_id in sorted(changes.shards):
             slot = state.shards[shard_id]
             drained_at = loaded.drained_at.setdefault(shard_id, now) if slot.drained else None
+            owner, owner_name = ref(slot.owner)
+            target, target_name = ref(slot.target)
             rows.append((
-                _member_pk(loaded, slot.owner), slot.revoking, slot.grant_epoch,
-                _member_pk(loaded, slot.target),
+                owner, slot.revoking, slot.grant_epoch, target,
                 connection.ops.adapt_datetimefield_value(drained_at),  # SQLite: naive UTC text
-                version, loaded.slot_pk[shard_id],
+                version, loaded.slot_pk[shard_id], owner_name, target_name,
             ))
-        _write_slots(writes, rows)
+        _write_slots(writes, rows, group.pk if by_name else None)
     _save_events(writes, state, loaded, actor)
     writes.run(commit=commit)
 
@@ -795,29 +806,41 @@ def _remember_pk(loaded: Loaded, mid: str, values: dict[str, object]) -> Callabl
     return remember
 
 
-def _write_slots(writes: _Batch, rows: list[tuple]) -> None:
-    """(owner, revoking, grant epoch, target, drained at, version, row id) per changed slot: one
-    statement on PostgreSQL (a recompute may move thousands of targets), plain UPDATEs
-    elsewhere. Django's bulk_update builds a CASE per field and row, slower than either.
-    A new member's row id is known only once its INSERT ran: slots that name one go after."""
+def _write_slots(writes: _Batch, rows: list[tuple], named_in_group: int | None = None) -> None:
+    """(owner, revoking, grant epoch, target, drained at, version, row id, owner's name,
+    target's name) per changed slot: one statement on PostgreSQL (a recompute may move
+    thousands of targets), plain UPDATEs elsewhere. Django's bulk_update builds a CASE per
+    field and row, slower than either. A member upserted in the same batch has no row id
+    yet: on PostgreSQL (`named_in_group`: its group) the slot names it and the statement
+    looks its id up, after the upsert that precedes it in the batch; elsewhere the caller
+    writes the upsert first."""
     table = ShardAssignment._meta.db_table
     if connection.vendor == "postgresql":
-        columns = list(zip(*rows, strict=True))
+        columns = [list(c) for c in zip(*rows, strict=True)]
+        owner, target = "v.owner_id", "v.target_id"
+        if named_in_group is not None:
+            member = (f"(SELECT m.id FROM {MemberRow._meta.db_table} AS m"
+                      f" WHERE m.group_id = {int(named_in_group)} AND m.member_id = v.{{}})")
+            owner = f"COALESCE(v.owner_id, {member.format('owner_name')})"
+            target = f"COALESCE(v.target_id, {member.format('target_name')})"
+        else:
+            columns = columns[:7]
+        names = ", %s::text[], %s::text[]" if named_in_group is not None else ""
         writes.add(
-            f"UPDATE {table} AS a SET owner_id = v.owner_id, revoking = v.revoking,"
-            " grant_epoch = v.grant_epoch, target_id = v.target_id, drained_at = v.drained_at,"
+            f"UPDATE {table} AS a SET owner_id = {owner}, revoking = v.revoking,"
+            f" grant_epoch = v.grant_epoch, target_id = {target}, drained_at = v.drained_at,"
             " state_version = v.state_version FROM unnest(%s::bigint[], %s::boolean[],"
-            " %s::integer[], %s::bigint[], %s::timestamptz[], %s::bigint[], %s::bigint[])"
-            " AS v(owner_id, revoking, grant_epoch, target_id, drained_at, state_version, id)"
-            " WHERE a.id = v.id",
-            [list(c) for c in columns],
+            f" %s::integer[], %s::bigint[], %s::timestamptz[], %s::bigint[], %s::bigint[]{names})"
+            " AS v(owner_id, revoking, grant_epoch, target_id, drained_at, state_version, id"
+            f"{', owner_name, target_name' if names else ''}) WHERE a.id = v.id",
+            columns,
         )
         return
     for row in rows:
         writes.add(
             f"UPDATE {table} SET owner_id = %s, revoking = %s, grant_epoch = %s, target_id = %s,"
             " drained_at = %s, state_version = %s WHERE id = %s",
-            list(row),
+            list(row[:7]),
         )
 
 

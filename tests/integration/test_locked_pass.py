@@ -57,8 +57,15 @@ def test_a_locked_heartbeat_is_two_statements_lock_with_reads_then_writes(hb: Hb
 
 
 def test_a_join_with_a_recompute_saves_its_row_before_the_slots_that_name_it(hb: Hb):
+    """The new member's row and the slots that name it go in one round trip: the slot
+    statement looks up the row id the upsert before it in the batch just made."""
     beat("a", 0)
-    joined = beat("b", 0)  # window 0 in tests: the target is recomputed at once, naming b's row
+    with CaptureQueriesContext(connection) as queries:
+        joined = beat("b", 0)  # window 0 in tests: the target is recomputed at once, naming b's row
+    inside = [q["sql"] for q in queries.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
+    assert len(inside) == 2, inside  # the lock with its reads; every write and the COMMIT
+    assert "INSERT INTO members_member" in inside[1]
+    assert "owner_name" in inside[1]
     assert len(joined.assignment.pending) == 2
     assert Event.objects.filter(group__name="g1", kind="joined", member_id="b").count() == 1
     assert ShardAssignment.objects.filter(group__name="g1", target__member_id="b").count() == 2
@@ -263,6 +270,23 @@ def test_r1_a_join_with_room_in_this_processs_snapshot_skips_the_count(db):
     with CaptureQueriesContext(connection) as queries:
         assert _join("room", "b").error_code == "NONE"
     assert not [q for q in queries.captured_queries if "count(" in q["sql"]]
+
+
+def test_r1_a_join_into_the_last_free_seat_skips_the_count_and_the_next_is_counted(db):
+    """The figure of this process leaves one seat: the join takes it without a count (a count
+    would refuse nothing); the one after it finds no seat in the figure, is counted, and is
+    refused before the lock."""
+    make_group(stream="s-last", group="last", max_members=3)
+    for m in "ab":
+        assert _join("last", m).error_code == "NONE"
+    with CaptureQueriesContext(connection) as queries:
+        assert _join("last", "c").error_code == "NONE"
+    assert not [q for q in queries.captured_queries if "count(" in q["sql"]]
+    with CaptureQueriesContext(connection) as queries:
+        assert _join("last", "d").error_code == "GROUP_MAX_SIZE_REACHED"
+    sql = [q["sql"] for q in queries.captured_queries]
+    assert any("count(" in q for q in sql), sql
+    assert not any("FOR UPDATE" in q for q in sql), sql
 
 
 def test_r1_a_stale_snapshot_with_room_still_gets_the_cores_refusal(db):
