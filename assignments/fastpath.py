@@ -455,7 +455,7 @@ class _Stamps:
         rows = self._take()
         if not rows:
             return
-        params = (_stamp_rows(rows), "{" + ",".join(map(str, rows)) + "}", MemberStatus.STABLE.value)
+        params = (_stamp_rows(rows), "{" + ",".join(map(str, sorted(rows))) + "}", MemberStatus.STABLE.value)
         conn = connections["liveness"]
         try:
             with conn.cursor() as cursor:
@@ -486,10 +486,13 @@ class _Stamps:
 
 def _stamp_rows(rows: dict[int, tuple[datetime, str | None, int]]) -> str:
     """_STAMP_SQL's rows as JSON text: every value is an int, an ISO time or a report that
-    is JSON already, so a join of formatted strings is exact (and far cheaper than dumping)."""
+    is JSON already, so a join of formatted strings is exact (and far cheaper than dumping).
+    In member id order: the statement locks the rows in the order it reaches them, and two
+    workers' batches over the same members in different orders deadlocked (seen in the bench:
+    PostgreSQL aborted one batch, which was retried with the next)."""
     return "[" + ",".join(
-        f'{{"id":{pk},"ts":"{ts.isoformat()}","owned":{owned or "null"},"epoch":{epoch}}}'
-        for pk, (ts, owned, epoch) in rows.items()
+        f'{{"id":{pk},"ts":"{rows[pk][0].isoformat()}","owned":{rows[pk][1] or "null"},"epoch":{rows[pk][2]}}}'
+        for pk in sorted(rows)
     ) + "]"
 
 

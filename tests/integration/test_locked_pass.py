@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -394,3 +394,65 @@ def test_group_commit_a_heartbeat_that_fails_in_a_batch_fails_alone(hb: Hb, monk
     assert isinstance(answers["x"], RuntimeError)
     assert answers["b"].error_code == answers["c"].error_code == "NONE"
     assert set(Member.objects.filter(group__name="g1").values_list("member_id", flat=True)) == {"a", "b", "c"}
+
+
+def _settled(group: str, member_id: str) -> tuple[int, int]:
+    """A STABLE member of `group` (alone in it): (row id, memberEpoch)."""
+    joined = heartbeat_service(group, HeartbeatRequest(member_id=member_id, member_epoch=0), timezone.now()).response
+    req = HeartbeatRequest(member_id=member_id, member_epoch=joined.member_epoch, metadata_epoch=1,
+                           owned_shards=joined.assignment.assigned)
+    heartbeat_service(group, req, timezone.now())
+    row = Member.objects.get(group__name=group, member_id=member_id)
+    assert row.status == "STABLE"
+    return row.pk, row.member_epoch
+
+
+def test_a_stamp_batch_locks_member_rows_in_id_order(hb: Hb, caplog):
+    """Two workers' batches over the same members must lock them in one order, or they
+    deadlock (seen in the bench: PostgreSQL aborted one batch a second). Here another
+    transaction holds the lower row: the batch, queued high → low, waits for it holding
+    nothing, so the other transaction can still lock the higher row. Locking high first, the
+    batch would hold it while it waits: a deadlock, which PostgreSQL breaks by aborting the
+    batch (retried with the next)."""
+    make_group(stream="s-order", group="order")
+    low, low_epoch = _settled("g1", "a")
+    high, high_epoch = _settled("order", "b")
+    assert low < high
+    fastpath.flush_stamps()
+    stamped_at = timezone.now()
+    table = Member._meta.db_table
+
+    def flush() -> None:
+        try:
+            fastpath.STAMPS.flush()  # or the stamping thread, whichever takes the batch first
+        finally:
+            connections.close_all()
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", [low])
+        fastpath.STAMPS.add(high, stamped_at, None, high_epoch)
+        fastpath.STAMPS.add(low, stamped_at, None, low_epoch)
+        t = threading.Thread(target=flush)
+        t.start()
+        deadline = time.monotonic() + 10
+        while True:  # the batch is waiting for our row lock
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # else one view per transaction
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                           " AND query LIKE %s", [f"%UPDATE {table}%"])
+            if cursor.fetchone()[0]:
+                break
+            assert time.monotonic() < deadline, "the stamp batch never waited for the row lock"
+            time.sleep(0.01)
+        cursor.execute("SET LOCAL lock_timeout = '2s'")
+        cursor.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", [high])
+    t.join(10)
+    deadline = time.monotonic() + 10
+    while True:  # the batch goes through once our transaction ends
+        stamps = dict(Member.objects.filter(pk__in=[low, high]).values_list("pk", "last_heartbeat_at"))
+        if stamps == {low: stamped_at, high: stamped_at}:
+            break
+        assert time.monotonic() < deadline, stamps
+        time.sleep(0.01)
+    # Written at the first try: locking high first, the batch would have been the deadlock's
+    # victim (PostgreSQL's check runs first in the transaction that waited first) and retried.
+    assert not [r for r in caplog.records if "stamps not written" in r.getMessage()]
