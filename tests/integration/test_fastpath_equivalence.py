@@ -238,17 +238,20 @@ def test_fast_path_answered_in_the_differential_histories():
 
 
 def test_steady_heartbeat_answered_from_the_snapshot_is_labelled_fast(hb, orders):
-    from coordinator_project.metrics import HEARTBEATS
+    from coordinator_project.metrics import HEARTBEATS, fold_heartbeat_tally
+
+    def count(path: str) -> float:
+        fold_heartbeat_tally()
+        return HEARTBEATS.labels("NONE", "OK", path)._value.get()
 
     _s, body = hb({"memberId": "m1", "memberEpoch": 0})
     req = {"memberId": "m1", "memberEpoch": body["memberEpoch"], "metadataEpoch": 1,
            "ownedShards": body["assignment"]["assignedShards"]}
-    fast_before = HEARTBEATS.labels("NONE", "OK", "fast")._value.get()
-    locked_before = HEARTBEATS.labels("NONE", "OK", "locked")._value.get()
+    fast_before, locked_before = count("fast"), count("locked")
     assert hb(req)[0] == 200
-    assert HEARTBEATS.labels("NONE", "OK", "fast")._value.get() == fast_before + 1
+    assert count("fast") == fast_before + 1
     hb({"memberId": "m2", "memberEpoch": 0})
-    assert HEARTBEATS.labels("NONE", "OK", "locked")._value.get() == locked_before + 1
+    assert count("locked") == locked_before + 1
 
 
 def test_r1_max_members_refusal_is_decided_before_loading_the_group(hb, orders):

@@ -93,6 +93,41 @@ def test_metrics_move_when_heartbeats_arrive(hb: Hb, orders: GroupFixture):
     assert value(after, "rsc_group_pending_shards", group="g1") == 4
 
 
+def test_heartbeat_counts_are_folded_in_as_observe_would_write_them(db: None):
+    """Heartbeats are tallied in the process and folded into the counters in one step per
+    label set and bucket (by a timer within FOLD_PERIOD_S, or before a scrape): the series
+    come out exactly as one inc() and one observe() per heartbeat would have made them."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from coordinator_project import metrics as m
+
+    m.fold_heartbeat_tally()
+    client = Client()
+    before = metrics(client)
+    reference = Histogram("reference_latency_seconds", "", buckets=m._LATENCY_BUCKETS,
+                          registry=CollectorRegistry())
+    latencies = [0.0004, 0.001, 0.003, 0.003, 0.2, 7.0]
+    for seconds in latencies:
+        m.record_heartbeat("g", {}, {"errorCode": "NONE", "status": "OK"}, seconds, "fast")
+        reference.observe(seconds)
+    after = metrics(client)  # the scrape folds the tally first
+    assert value(after, "rsc_heartbeats_total", error_code="NONE", status="OK", path="fast") == value(
+        before, "rsc_heartbeats_total", error_code="NONE", status="OK", path="fast") + len(latencies)
+    expected = {dict(s.labels)["le"]: s.value for s in reference.collect()[0].samples if s.name.endswith("_bucket")}
+    for le, n in expected.items():
+        assert value(after, "rsc_heartbeat_latency_seconds_bucket", le=le) == value(
+            before, "rsc_heartbeat_latency_seconds_bucket", le=le) + n, le
+    assert value(after, "rsc_heartbeat_latency_seconds_sum") == pytest.approx(
+        value(before, "rsc_heartbeat_latency_seconds_sum") + sum(latencies))
+    # Without a scrape, the timer folds them in.
+    m.record_heartbeat("g", {}, {"errorCode": "NONE", "status": "OK"}, 0.002, "fast")
+    counter = m.HEARTBEATS.labels("NONE", "OK", "fast")
+    deadline = time.monotonic() + 5
+    while counter._value.get() < value(after, "rsc_heartbeats_total", error_code="NONE", status="OK", path="fast") + 1:
+        assert time.monotonic() < deadline, "the tally was never folded in"
+        time.sleep(0.01)
+
+
 def test_metrics_show_sweep_lag_and_resharding(orders: GroupFixture):
     from groups.resharding import start_reshard
 
@@ -206,6 +241,15 @@ def test_counters_are_summed_over_gunicorn_workers(gunicorn_with_config: tuple[s
                        headers=headers, timeout=5)
         assert r.status_code == 200
         sent += 1
+    # Each worker folds its heartbeat counts in within FOLD_PERIOD_S: then whichever worker
+    # answers a scrape reports every worker's heartbeats.
+    deadline = time.monotonic() + 10
+    while True:
+        samples = scrape(httpx.get(f"{url}/metrics", timeout=5).text)
+        if value(samples, "rsc_heartbeat_latency_seconds_count") == sent:
+            break
+        assert time.monotonic() < deadline, (value(samples, "rsc_heartbeat_latency_seconds_count"), sent)
+        time.sleep(0.05)
     for _ in range(6):  # whichever worker answers, it reports every worker's heartbeats
         samples = scrape(httpx.get(f"{url}/metrics", timeout=5).text)
         assert value(samples, "rsc_heartbeats_total", error_code="NONE", status="OK") + value(
