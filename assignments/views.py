@@ -90,7 +90,7 @@ class HeartbeatView(APIView):
         refused = authorize_group(request, group)
         if refused is not None:
             return refused
-        if not request.body.strip():
+        if not request._request.body.strip():  # the HttpRequest itself: DRF proxies attribute reads slowly
             return Response(error_body(ErrorCode.INVALID_REQUEST, "body: empty; a JSON object is required"), 400)
         try:
             req = parse_heartbeat(request.data)
