@@ -75,3 +75,55 @@ def test_a_failed_read_fails_every_heartbeat_that_shared_it_and_the_next_read_is
     assert reads.read("g") == ("g", 2)
     assert not reads._next
     assert not reads._running
+
+
+_GEVENT_SCRIPT = r"""
+from gevent import monkey
+monkey.patch_all()
+import json, sys, gevent
+sys.path.insert(0, sys.argv[1])
+import django
+django.setup()  # the module's models; nothing here touches a database
+from assignments.fastpath import _GroupReads, _cooperative
+
+fetches = []
+
+def fetch(group):
+    fetches.append(len(arrived))  # how many heartbeats had arrived when this read started
+    gevent.sleep(0.001)  # the round trip: the worker's other greenlets run meanwhile
+    return (group, len(fetches))
+
+arrived = []
+
+def heartbeat(i):
+    gevent.sleep(0)  # each request becomes ready a little after the one before it
+    arrived.append(i)
+    return reads.read("g")
+
+reads = _GroupReads(fetch)
+jobs = [gevent.spawn(heartbeat, i) for i in range(20)]
+gevent.joinall(jobs, timeout=10)
+print(json.dumps({"cooperative": _cooperative(), "fetches": fetches,
+                  "answers": [j.value for j in jobs]}))
+"""
+
+
+def test_under_gevent_ready_heartbeats_join_the_read_before_it_starts():
+    """On gevent workers the first heartbeat to need a read lets the worker's ready greenlets
+    run before it starts the read, so they share it instead of each waiting for a read of
+    its own; a read still starts only after every heartbeat that uses it arrived."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", _GEVENT_SCRIPT, str(root)], capture_output=True,
+                         text=True, timeout=60, check=True, cwd=root,
+                         env={"DJANGO_SETTINGS_MODULE": "coordinator_project.test_settings",
+                              "SECRET_KEY": "test", "PATH": "/usr/bin:/bin"})
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["cooperative"] is True
+    assert len(result["fetches"]) == 1, result["fetches"]  # all twenty shared one read
+    assert result["fetches"][0] == 20  # which started after all of them had arrived
+    assert {tuple(a) for a in result["answers"]} == {("g", 1)}
