@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from assignments import fastpath
@@ -140,9 +140,15 @@ def _locked_in_turn(group_name: str, mine: _Queued) -> HeartbeatResult:
 
 def _apply_batch(group_name: str, batch: list[_Queued]) -> None:
     """Apply `batch` in one pass; if that fails, each heartbeat in a pass of its own, so one
-    that fails (a database error, a bug) fails alone."""
+    that fails (a bug, a row the database refuses) fails alone. Not when the database is
+    unavailable: that fails them all at once (503, the members retry), as their own passes
+    would, instead of each waiting out the pool's timeout in turn while holding the gate."""
     try:
         _pass(group_name, batch)
+        return
+    except (OperationalError, InterfaceError) as exc:
+        for queued in batch:
+            queued.error = exc
         return
     except Exception as exc:
         if len(batch) == 1:

@@ -456,3 +456,23 @@ def test_a_stamp_batch_locks_member_rows_in_id_order(hb: Hb, caplog):
     # Written at the first try: locking high first, the batch would have been the deadlock's
     # victim (PostgreSQL's check runs first in the transaction that waited first) and retried.
     assert not [r for r in caplog.records if "stamps not written" in r.getMessage()]
+
+
+def test_group_commit_a_database_outage_fails_the_batch_at_once(hb: Hb, monkeypatch):
+    """With the database unavailable, the heartbeats of a batch all get the error from the one
+    pass (503 for each, they retry), not one pass each in turn while the gate is held."""
+    from django.db import OperationalError
+
+    from assignments import services
+
+    beat("a", 0)
+    passes: list[tuple[str, ...]] = []
+
+    def unavailable(group_name: str, member_ids: Any) -> Any:
+        passes.append(member_ids)
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(services, "lock_and_load", unavailable)
+    answers = _queue_behind_the_gate("g1", [HeartbeatRequest(member_id=m, member_epoch=0) for m in "bcd"])
+    assert all(isinstance(answers[m], OperationalError) for m in "bcd"), answers
+    assert len(passes) == 1, passes
