@@ -276,14 +276,14 @@ def test_r1_a_join_into_the_last_free_seat_skips_the_count_and_the_next_is_count
     """The figure of this process leaves one seat: the join takes it without a count (a count
     would refuse nothing); the one after it finds no seat in the figure, is counted, and is
     refused before the lock."""
-    make_group(stream="s-last", group="last", max_members=3)
-    for m in "ab":
-        assert _join("last", m).error_code == "NONE"
+    make_group(stream="s-last", group="last", max_members=20)  # a tenth free was the old rule
+    for i in range(19):
+        assert _join("last", f"m{i}").error_code == "NONE"
     with CaptureQueriesContext(connection) as queries:
-        assert _join("last", "c").error_code == "NONE"
+        assert _join("last", "m19").error_code == "NONE"
     assert not [q for q in queries.captured_queries if "count(" in q["sql"]]
     with CaptureQueriesContext(connection) as queries:
-        assert _join("last", "d").error_code == "GROUP_MAX_SIZE_REACHED"
+        assert _join("last", "m20").error_code == "GROUP_MAX_SIZE_REACHED"
     sql = [q["sql"] for q in queries.captured_queries]
     assert any("count(" in q for q in sql), sql
     assert not any("FOR UPDATE" in q for q in sql), sql
