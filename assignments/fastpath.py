@@ -170,17 +170,12 @@ def eligible(req: HeartbeatRequest) -> bool:
 def _liveness_query(sql: str, params: tuple | list) -> tuple | None:
     conn = connections["liveness"]
     pool = conn.pool if not conn.in_atomic_block else None
-    if pool is not None:
+    if pool is not None:  # gevent workers: a connection of the pool, given back at once
         return _pooled_query(pool, sql, params)
     try:
         with conn.cursor() as cursor:
             cursor.execute(sql, params)
-            row = cursor.fetchone()
-        if conn.pool is not None:
-            # Pooled (gevent workers): hand the connection back now, not at the request's end,
-            # so a heartbeat going on to the locked path does not hold it while it queues there.
-            conn.close()
-        return row
+            return cursor.fetchone()
     except DatabaseError as exc:
         # No per-request health-check ping on this connection (a round trip per heartbeat),
         # and its statements are prepared (a migration can invalidate them): on any error

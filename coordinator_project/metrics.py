@@ -115,10 +115,7 @@ class _HeartbeatTally:
             counts, buckets, total = self._counts, self._buckets, self._sum
             self._reset()
         for labels, n in counts.items():
-            counter = _heartbeat_counters.get(labels)
-            if counter is None:  # labels() validates and locks on every call: once per label set
-                counter = _heartbeat_counters[labels] = HEARTBEATS.labels(*labels)
-            counter.inc(n)
+            HEARTBEATS.labels(*labels).inc(n)
         if any(buckets):
             # Histogram has no bulk observe: its bucket and sum values take the counts as
             # observe() would have added them one by one (test_metrics checks the series).
@@ -128,7 +125,6 @@ class _HeartbeatTally:
                     value.inc(n)
 
 
-_heartbeat_counters: dict[tuple[str, str, str], Any] = {}
 _TALLY = _HeartbeatTally()
 
 
