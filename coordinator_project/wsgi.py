@@ -1,7 +1,11 @@
 """WSGI entry point (gunicorn coordinator_project.wsgi)."""
 import os
 
-from django.core.wsgi import get_wsgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "coordinator_project.settings")
-application = get_wsgi_application()
+django.setup(set_prefix=False)
+
+from coordinator_project.handler import ReleasingWSGIHandler  # noqa: E402  (after setup)
+
+application = ReleasingWSGIHandler()
