@@ -117,8 +117,8 @@ SELECT g.{_c(Group, "id")}, g.{_c(Group, "state_version")}, g.{_c(Group, "create
  WHERE g.{_c(Group, "name")} = %s
 """
 
-# One batch of stamps. Placeholders: the rows as one JSON array of {id, ts, owned, epoch}
-# (owned absent or null: not reported), the member ids as a bigint[] literal, the status.
+# One batch of stamps. Placeholders: `rows`, one JSON array of {id, ts, owned, epoch} (owned
+# absent or null: not reported); `ids`, the member ids as a bigint[] literal; `stable`.
 # JSON, not one array per column: psycopg dumps array elements one by one in Python (~3 ms
 # per batch of 100, a tenth of a steady heartbeat's cost beyond the DRF ceiling); the rows'
 # JSON is a string join. Members are reached by primary key only (`= ANY(ids)`; the status
@@ -127,14 +127,25 @@ SELECT g.{_c(Group, "id")}, g.{_c(Group, "state_version")}, g.{_c(Group, "create
 # with it. The worst plan left is one scan of the table per batch.
 # A stamp never moves last-seen back (a locked write may have stamped later) and never
 # touches a member that stopped being STABLE at that epoch (a sweep or fence won).
+# The rows are locked first, in id order (`locked`): two workers' batches over the same members
+# then never wait for each other in a cycle. The UPDATE alone locks them in whatever order its
+# plan reaches them: past ~100 rows the planner hashes the batch and walks the members in their
+# physical order, and two batches deadlocked (seen in the bench).
 _STAMP_SQL = f"""
+WITH locked AS (
+    SELECT m.{_c(MemberRow, "id")} AS id FROM {_M} AS m
+     WHERE m.{_c(MemberRow, "id")} = ANY(%(ids)s::bigint[])
+       AND m.{_c(MemberRow, "status")} {_SAME} %(stable)s
+     ORDER BY m.{_c(MemberRow, "id")}
+       FOR NO KEY UPDATE
+)
 UPDATE {_M} AS m
    SET {_c(MemberRow, "last_heartbeat_at")} = v.ts,
        {_c(MemberRow, "last_reported_owned")} = COALESCE(v.owned, m.{_c(MemberRow, "last_reported_owned")})
-  FROM jsonb_to_recordset(%s::jsonb) AS v(id bigint, ts timestamptz, owned jsonb, epoch integer)
+  FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(id bigint, ts timestamptz, owned jsonb, epoch integer), locked
  WHERE m.{_c(MemberRow, "id")} = v.id
-   AND m.{_c(MemberRow, "id")} = ANY(%s::bigint[])
-   AND m.{_c(MemberRow, "status")} {_SAME} %s
+   AND m.{_c(MemberRow, "id")} = locked.id
+   AND m.{_c(MemberRow, "status")} {_SAME} %(stable)s
    AND m.{_c(MemberRow, "member_epoch")} = v.epoch
    AND (m.{_c(MemberRow, "last_heartbeat_at")} IS NULL OR m.{_c(MemberRow, "last_heartbeat_at")} < v.ts)
 """
@@ -468,7 +479,8 @@ class _Stamps:
         rows = self._take()
         if not rows:
             return
-        params = (_stamp_rows(rows), "{" + ",".join(map(str, sorted(rows))) + "}", MemberStatus.STABLE.value)
+        params = {"rows": _stamp_rows(rows), "ids": "{" + ",".join(map(str, sorted(rows))) + "}",
+                  "stable": MemberStatus.STABLE.value}
         conn = connections["liveness"]
         try:
             with conn.cursor() as cursor:
@@ -500,9 +512,7 @@ class _Stamps:
 def _stamp_rows(rows: dict[int, tuple[datetime, str | None, int]]) -> str:
     """_STAMP_SQL's rows as JSON text: every value is an int, an ISO time or a report that
     is JSON already, so a join of formatted strings is exact (and far cheaper than dumping).
-    In member id order: the statement locks the rows in the order it reaches them, and two
-    workers' batches over the same members in different orders deadlocked (seen in the bench:
-    PostgreSQL aborted one batch, which was retried with the next)."""
+    In member id order, which is the order the statement locks them in (its `locked`)."""
     return "[" + ",".join(
         f'{{"id":{pk},"ts":"{rows[pk][0].isoformat()}","owned":{rows[pk][1] or "null"},"epoch":{rows[pk][2]}}}'
         for pk in sorted(rows)

@@ -458,6 +458,63 @@ def test_a_stamp_batch_locks_member_rows_in_id_order(hb: Hb, caplog):
     assert not [r for r in caplog.records if "stamps not written" in r.getMessage()]
 
 
+def test_a_large_stamp_batch_locks_member_rows_in_id_order_whatever_the_plan(hb: Hb):
+    """The order of the batch's JSON is not enough: past ~100 rows the planner hashes the
+    batch and walks the member rows in their physical order instead (seen in the bench: a
+    deadlock between two workers' batches of ~125 stamps). Here the lowest row has moved to
+    the end of its page, behind rows of the batch with higher ids. Another transaction holds
+    it: the batch must wait for it holding no other row, as locking in id order does."""
+    make_group(stream="s-order", group="order")
+    low, low_epoch = _settled("g1", "a")
+    table = Member._meta.db_table
+    group = Group.objects.get(name="order")
+    Member.objects.bulk_create(  # members of their own: rows, not heartbeats, are what this is about
+        [Member(group=group, member_id=f"bulk-{i}", status="STABLE") for i in range(200)])
+    bulk = list(Member.objects.filter(group=group).values_list("pk", "member_epoch"))
+    with connection.cursor() as cursor:  # a new version of the lowest row, later in the table
+        cursor.execute(f"UPDATE {table} SET client_id = client_id WHERE id = %s", [low])
+        # With the statistics of a settled group, the planner expects the batch's members to
+        # outnumber its rows and walks the members, in their physical order.
+        cursor.execute(f"ANALYZE {table}")
+        cursor.execute(f"SELECT ctid FROM {table} WHERE id = %s", [low])
+        (low_ctid,) = cursor.fetchone()
+        cursor.execute(f"SELECT count(*) FROM {table} WHERE id = ANY(%s) AND ctid < %s",
+                       [[pk for pk, _ in bulk], low_ctid])
+        assert cursor.fetchone()[0] > 0  # rows of the batch now lie before it
+    fastpath.flush_stamps()
+    stamped_at = timezone.now()
+
+    def flush() -> None:
+        try:
+            fastpath.STAMPS.flush()
+        finally:
+            connections.close_all()
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", [low])
+        for pk, epoch in bulk:
+            fastpath.STAMPS.add(pk, stamped_at, None, epoch)
+        fastpath.STAMPS.add(low, stamped_at, None, low_epoch)
+        t = threading.Thread(target=flush)
+        t.start()
+        deadline = time.monotonic() + 10
+        while True:  # the batch is waiting for our row lock
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                           " AND query LIKE %s", [f"%{table}%"])
+            if cursor.fetchone()[0]:
+                break
+            assert time.monotonic() < deadline, "the stamp batch never waited for the row lock"
+            time.sleep(0.01)
+        # Every other row of the batch is free: the batch locked none of them first.
+        cursor.execute(f"SELECT count(*) FROM (SELECT id FROM {table} WHERE id = ANY(%s)"
+                       f" FOR UPDATE SKIP LOCKED) AS free", [[pk for pk, _ in bulk]])
+        assert cursor.fetchone()[0] == len(bulk)
+    t.join(10)
+    assert not t.is_alive()
+    assert set(Member.objects.filter(group=group).values_list("last_heartbeat_at", flat=True)) == {stamped_at}
+
+
 def test_group_commit_a_database_outage_fails_the_batch_at_once(hb: Hb, monkeypatch):
     """With the database unavailable, the heartbeats of a batch all get the error from the one
     pass (503 for each, they retry), not one pass each in turn while the gate is held."""

@@ -45,12 +45,20 @@ def _liveness_settings() -> list[tuple[str, str]]:
 
 def _plans(name: str, sql: str, args: str) -> list[dict[str, Any]]:
     """EXPLAIN the statement prepared as psycopg prepares it, custom and generic, with the
-    settings of the connection it runs on."""
+    settings of the connection it runs on. `args` in placeholder order; a named placeholder
+    counts where it first appears."""
     numbers = iter(range(1, 100))
+    named: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) is None:
+            return f"${next(numbers)}"
+        return f"${named.setdefault(match.group(1), next(numbers))}"
+
     with connection.cursor() as cursor:
         for setting, value in _liveness_settings():
             cursor.execute(f"SET LOCAL {setting} = {value}")
-        cursor.execute(f"PREPARE {name} AS " + re.sub(r"%s", lambda _: f"${next(numbers)}", sql))
+        cursor.execute(f"PREPARE {name} AS " + re.sub(r"%(?:\((\w+)\))?s", number, sql))
         plans = []
         for mode in ("force_custom_plan", "force_generic_plan"):
             cursor.execute(f"SET LOCAL plan_cache_mode = {mode}")
@@ -127,7 +135,7 @@ def test_stamp_batch_reaches_members_by_primary_key_without_statistics(storm_wit
     allowed = _allowed_member_indexes()
     ids = list(Member.objects.filter(group=group).values_list("pk", flat=True)[:200])
     rows = ",".join(f'{{"id":{pk},"ts":"2026-01-01T00:00:00+00:00","epoch":1}}' for pk in ids)
-    args = f"('[{rows}]', '{{{','.join(map(str, ids))}}}', 'STABLE')"
+    args = f"('{{{','.join(map(str, ids))}}}', 'STABLE', '[{rows}]')"  # ids, stable, rows
     for plan in _plans("stamps", fastpath._STAMP_SQL, args):
         # An index on the primary key, or at worst one scan of the table per batch: never a
         # status index walked once per stamp.
