@@ -181,7 +181,8 @@ def reassign(
     """The shards whose member ``assign()`` would change, with their new member.
 
     Same inputs as ``assign()``, given per member instead of per shard: ``held[member]`` is
-    the previous shards of each live member (all of them in ``shards``), ``unowned`` the
+    the previous shards of each live member (all of them in ``shards``; entries of other
+    members are ignored, so a target map of every member will do), ``unowned`` the
     shards of ``shards`` whose previous member is None or not live; together they cover
     ``shards`` exactly once. Then, with ``previous`` the mapping they describe,
     ``assign(members, shards, previous, reserved)`` equals ``previous`` updated with the

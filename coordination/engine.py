@@ -14,6 +14,7 @@ from datetime import datetime
 
 from coordination.assignor import assign, reassign
 from coordination.model import (
+    LIVE_STATUSES,
     Assignment,
     GroupPhase,
     GroupState,
@@ -654,10 +655,15 @@ def recompute_target(state: GroupState, reserve: Iterable[str] = ()) -> None:
     other target goes through `assign` over every shard. Both give the same result."""
     if state.partial:
         raise RuntimeError("cannot recompute the target from a partial snapshot")
-    live = state.live_members()
-    members = [m.member_id for m in live]
-    # §9: a temporarily left member's target is reserved for its instanceId, kept as it is.
-    reserved = {m.member_id for m in live if m.temporarily_left} | set(reserve)
+    # One pass over the members (a join into 1,000 pays for each pass): the live ones, and
+    # (§9) the temporarily left among them, whose targets are reserved for their instanceId.
+    members: list[str] = []
+    reserved = set(reserve)
+    for m in state.members.values():
+        if m.status in LIVE_STATUSES:
+            members.append(m.member_id)
+            if m.status == MemberStatus.TEMPORARILY_LEFT:
+                reserved.add(m.member_id)
     assignable = s6_assignable_set(state)
     untargeted = state.untargeted()
     free = [s for s in untargeted if s in assignable]
@@ -682,9 +688,9 @@ def _move_targets(
     """Every targeted shard is assignable: the target changes only where `reassign` says."""
     live = set(members)
     targets = state.targets()
-    held = {mid: targets.get(mid, set()) for mid in members}
     orphaned = [s for mid, shards in targets.items() if mid not in live for s in shards]
-    moves = reassign(members, assignable, held, free + orphaned, reserved=reserved)
+    # `targets` serves as `held`: reassign reads it for live members only.
+    moves = reassign(members, assignable, targets, free + orphaned, reserved=reserved)
     for shard_id, member_id in moves.items():
         state.set_target(shard_id, member_id)
     for shard_id in orphaned:

@@ -348,6 +348,10 @@ def test_reassign_gives_exactly_the_assignors_result_from_each_members_shards(sc
     moves = reassign(members, frozenset(shards), held, unowned, reserved=reserved)
     assert all(kept.get(s) != m for s, m in moves.items())  # moves only
     assert {**kept, **moves} == assign(members, shards, previous, reserved=reserved)
+    # The engine passes every member's target (the departed too) as `held`: the same moves.
+    departed = {o: {s for s in shards if previous.get(s) == o}
+                for o in set(previous.values()) - set(members) if o is not None}
+    assert reassign(members, frozenset(shards), {**departed, **held}, unowned, reserved=reserved) == moves
 
 
 @SEQUENCE
