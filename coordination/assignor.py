@@ -151,7 +151,8 @@ def _balance(live: list[str], order: list[str], previous: Mapping[str, str | Non
     # The r "+1" quotas only save a move for members holding more than q, so hand them to
     # the biggest previous holders first; member id breaks ties deterministically.
     room: dict[str | None, int] = dict.fromkeys(live, quota)
-    for member in sorted(live, key=lambda member: (-held[member], member))[:extra]:
+    # (`live` is sorted and the sort stable, reverse included: count first, then id.)
+    for member in sorted(live, key=held.__getitem__, reverse=True)[:extra]:
         room[member] = quota + 1
 
     # Keep previous owners while they have room; everything else is free. Walking shards in
@@ -201,7 +202,9 @@ def reassign(
     # As in _balance: the "+1" quotas go to the biggest previous holders, then smaller ids.
     room = dict.fromkeys(others, quota)
     if extra:
-        for member in sorted(others, key=lambda member: (-count[member], member))[:extra]:
+        # `others` is in id order and the sort is stable, reverse included: by count, biggest
+        # first, then by id (a C-level key: this runs over every member on each join).
+        for member in sorted(others, key=count.__getitem__, reverse=True)[:extra]:
             room[member] = quota + 1
     # An over-quota member keeps its naturally smallest shards; the rest are free.
     free = list(unowned)
