@@ -407,6 +407,28 @@ def _settled(group: str, member_id: str) -> tuple[int, int]:
     return row.pk, row.member_epoch
 
 
+def _flush_until_it_waits(cursor: Any, table: str) -> threading.Thread:
+    """Starts a stamp batch in another thread; returns once it waits for a row lock."""
+
+    def flush() -> None:
+        try:
+            fastpath.STAMPS.flush()  # or the stamping thread, whichever takes the batch first
+        finally:
+            connections.close_all()
+
+    t = threading.Thread(target=flush)
+    t.start()
+    deadline = time.monotonic() + 10
+    while True:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else one view per transaction
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                       " AND query LIKE %s", [f"%UPDATE {table}%"])
+        if cursor.fetchone()[0]:
+            return t
+        assert time.monotonic() < deadline, "the stamp batch never waited for the row lock"
+        time.sleep(0.01)
+
+
 def test_a_stamp_batch_locks_member_rows_in_id_order(hb: Hb, caplog):
     """Two workers' batches over the same members must lock them in one order, or they
     deadlock (seen in the bench: PostgreSQL aborted one batch a second). Here another
@@ -422,27 +444,11 @@ def test_a_stamp_batch_locks_member_rows_in_id_order(hb: Hb, caplog):
     stamped_at = timezone.now()
     table = Member._meta.db_table
 
-    def flush() -> None:
-        try:
-            fastpath.STAMPS.flush()  # or the stamping thread, whichever takes the batch first
-        finally:
-            connections.close_all()
-
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", [low])
         fastpath.STAMPS.add(high, stamped_at, None, high_epoch)
         fastpath.STAMPS.add(low, stamped_at, None, low_epoch)
-        t = threading.Thread(target=flush)
-        t.start()
-        deadline = time.monotonic() + 10
-        while True:  # the batch is waiting for our row lock
-            cursor.execute("SELECT pg_stat_clear_snapshot()")  # else one view per transaction
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                           " AND query LIKE %s", [f"%UPDATE {table}%"])
-            if cursor.fetchone()[0]:
-                break
-            assert time.monotonic() < deadline, "the stamp batch never waited for the row lock"
-            time.sleep(0.01)
+        t = _flush_until_it_waits(cursor, table)
         cursor.execute("SET LOCAL lock_timeout = '2s'")
         cursor.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", [high])
     t.join(10)
@@ -484,28 +490,12 @@ def test_a_large_stamp_batch_locks_member_rows_in_id_order_whatever_the_plan(hb:
     fastpath.flush_stamps()
     stamped_at = timezone.now()
 
-    def flush() -> None:
-        try:
-            fastpath.STAMPS.flush()
-        finally:
-            connections.close_all()
-
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", [low])
         for pk, epoch in bulk:
             fastpath.STAMPS.add(pk, stamped_at, None, epoch)
         fastpath.STAMPS.add(low, stamped_at, None, low_epoch)
-        t = threading.Thread(target=flush)
-        t.start()
-        deadline = time.monotonic() + 10
-        while True:  # the batch is waiting for our row lock
-            cursor.execute("SELECT pg_stat_clear_snapshot()")
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                           " AND query LIKE %s", [f"%{table}%"])
-            if cursor.fetchone()[0]:
-                break
-            assert time.monotonic() < deadline, "the stamp batch never waited for the row lock"
-            time.sleep(0.01)
+        t = _flush_until_it_waits(cursor, table)
         # Every other row of the batch is free: the batch locked none of them first.
         cursor.execute(f"SELECT count(*) FROM (SELECT id FROM {table} WHERE id = ANY(%s)"
                        f" FOR UPDATE SKIP LOCKED) AS free", [[pk for pk, _ in bulk]])
