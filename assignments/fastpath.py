@@ -479,7 +479,7 @@ class _Stamps:
         rows = self._take()
         if not rows:
             return
-        params = {"rows": _stamp_rows(rows), "ids": "{" + ",".join(map(str, sorted(rows))) + "}",
+        params = {"rows": _stamp_rows(rows), "ids": "{" + ",".join(map(str, rows)) + "}",
                   "stable": MemberStatus.STABLE.value}
         conn = connections["liveness"]
         try:
@@ -512,10 +512,10 @@ class _Stamps:
 def _stamp_rows(rows: dict[int, tuple[datetime, str | None, int]]) -> str:
     """_STAMP_SQL's rows as JSON text: every value is an int, an ISO time or a report that
     is JSON already, so a join of formatted strings is exact (and far cheaper than dumping).
-    In member id order, which is the order the statement locks them in (its `locked`)."""
+    In any order: the statement locks the rows in id order itself (its `locked`)."""
     return "[" + ",".join(
-        f'{{"id":{pk},"ts":"{rows[pk][0].isoformat()}","owned":{rows[pk][1] or "null"},"epoch":{rows[pk][2]}}}'
-        for pk in sorted(rows)
+        f'{{"id":{pk},"ts":"{ts.isoformat()}","owned":{owned or "null"},"epoch":{epoch}}}'
+        for pk, (ts, owned, epoch) in rows.items()
     ) + "]"
 
 

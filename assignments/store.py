@@ -185,9 +185,9 @@ def _reports(cursor: object, group: Group, member_ids: list[str]) -> dict[str, l
 
 
 _MEMBER_SQL = f"SELECT {', '.join(_MEMBER_COLUMNS)} FROM {MemberRow._meta.db_table} WHERE group_id = %s"
-_MEMBER_WITH_REPORT_SQL = (  # + " IN (...)": the heartbeating members
+_MEMBER_WITH_REPORT_SQL = (
     f"SELECT {', '.join(_MEMBER_COLUMNS)}, last_reported_owned FROM {MemberRow._meta.db_table}"
-    " WHERE group_id = %s AND member_id"
+    " WHERE group_id = %s AND member_id IN "
 )
 
 
@@ -196,6 +196,13 @@ def _heartbeating(member_id: str | tuple[str, ...] | None) -> tuple[str, ...]:
     if member_id is None:
         return ()
     return (member_id,) if isinstance(member_id, str) else tuple(dict.fromkeys(member_id))
+
+
+def _members_with_reports(group_pk: int, member_ids: tuple[str, ...]) -> tuple[str, list[object]]:
+    """The statement and parameters reading these members' rows with their last reports."""
+    return _MEMBER_WITH_REPORT_SQL + _in(member_ids), [group_pk, *member_ids]
+
+
 _SLOT_SQL = (
     "SELECT id, shard_id, owner_id, revoking, grant_epoch, target_id, drained_at"
     f" FROM {ShardAssignment._meta.db_table} WHERE group_id = %s"
@@ -544,7 +551,7 @@ def lock_and_load(
         batch.add(_MEMBER_SQL + " AND state_version > %s", [pk, version], fetched.members.extend)
         batch.add(_SLOT_SQL + " AND state_version > %s", [pk, version], fetched.slots.extend)
         ids = _heartbeating(member_id)
-        batch.add(_MEMBER_WITH_REPORT_SQL + f" IN {_in(ids)}", [pk, *ids], fetched.member_row.extend)
+        batch.add(*_members_with_reports(pk, ids), fetched.member_row.extend)
     batch.run()
     if not found:
         return None, None, None
@@ -583,8 +590,7 @@ def load_for_heartbeat(
                 found = fetched.member_row
             else:
                 with connection.cursor() as cursor:
-                    cursor.execute(_MEMBER_WITH_REPORT_SQL + f" IN {_in(heartbeating)}",
-                                   [group.pk, *heartbeating])
+                    cursor.execute(*_members_with_reports(group.pk, heartbeating))
                     found = cursor.fetchall()
             fresh = {row[1]: row for row in found}
             for mid in heartbeating:
