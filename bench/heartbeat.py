@@ -13,6 +13,8 @@ Prints, from one run on this machine:
   median (this machine's speed drifts ±20 % over seconds even when idle);
 - the same after-ANALYZE heartbeat and ceiling on a second server with the other worker class
   (sync if the shipped gevent is measured, and the reverse), each against its own ceiling;
+- for reference, the after-ANALYZE rounds again on a server whose steady heartbeats skip
+  their freshness read (bench/unsafe.py, never in production): what that read costs;
 - R9 checked in the database after the load.
 
     make bench-heartbeat      (DATABASE_URL defaults to postgres://postgres@127.0.0.1:5432/rsc_bench;
@@ -308,6 +310,53 @@ def wrk(url: str, path: str, key: str, bodies_file: str) -> dict[str, float]:
             "socket_errors": socket_errors.group(1) if socket_errors else ""}
 
 
+HEARTBEAT = "/api/v1/groups/bench/heartbeat"
+
+
+def show(label: str, r: dict[str, Any]) -> None:
+    print(f"   {label:<32} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms"
+          f"  non-2xx {r['non2xx']} {r['socket_errors']}")
+
+
+def side_by_side(url: str, phase: str, key: str, bodies_file: str) -> dict[str, Any]:
+    """ROUNDS pairs of heartbeat and ceiling on one server, the order alternating, so drift in
+    this machine's speed (±20 % over seconds here, idle) lands on both sides of a ratio instead
+    of on one measurement. The ratio is the median of the rounds' own ratios."""
+    rounds = []
+    for n in range(ROUNDS):
+        order = (("heartbeat", HEARTBEAT), ("ceiling", "/bench/ceiling"))
+        pair = {label: wrk(url, path, key, bodies_file) for label, path in (order if n % 2 == 0 else order[::-1])}
+        for label in ("heartbeat", "ceiling"):
+            show(f"{phase}, round {n + 1}: {label}", pair[label])
+        rounds.append(pair)
+    ratios = sorted(p["heartbeat"]["rps"] / p["ceiling"]["rps"] for p in rounds)
+    p99s = sorted(p["heartbeat"]["p99_ms"] for p in rounds)
+    return {"ratio": ratios[len(ratios) // 2], "ratios": ratios, "p99": p99s[len(p99s) // 2],
+            "p99_max": p99s[-1], "rps": sorted(p["heartbeat"]["rps"] for p in rounds)[len(rounds) // 2],
+            "non2xx": sum(p["heartbeat"]["non2xx"] for p in rounds)}
+
+
+def freshness_read_cost(with_read: float, key: str, bodies_file: str) -> None:
+    """What a steady heartbeat's one freshness read costs: the same measurement on a server
+    whose workers read the group row once and then never again (bench/unsafe.py; never in
+    production: such a worker misses every write made by another process). Every steady
+    heartbeat waits for a read that started after it arrived (assignments.fastpath._GroupReads),
+    so that it sees every write committed before it arrived; docs/ARCHITECTURE.md has what that
+    wait costs and why the database's share of it is small."""
+    port = free_port()
+    server = start_server(port, RSC_BENCH_NO_FRESHNESS_READ="1")
+    url = f"http://127.0.0.1:{port}"
+    print("== reference: heartbeat without its freshness read (unsafe, bench only; after ANALYZE, same run)")
+    try:
+        wrk(url, HEARTBEAT, key, bodies_file)  # the new workers load their snapshots first
+        fig = side_by_side(url, "without the read", key, bodies_file)
+    finally:
+        server.terminate()
+        server.wait(60)
+    print(f"   without the read: {fig['ratio']:.2f}x the ceiling (rounds {', '.join(f'{r:.2f}' for r in fig['ratios'])});"
+          f" with it: {with_read:.2f}x. The difference is what the freshness guarantee costs.")
+
+
 def compare_worker_class(shipped: str, key: str, bodies_file: str) -> None:
     """The same steady measurement on a second server with the other worker class (gevent is
     shipped for slow clients; sync is what it replaced), its own ceiling beside it: each
@@ -317,18 +366,16 @@ def compare_worker_class(shipped: str, key: str, bodies_file: str) -> None:
     server = start_server(port, WORKER_CLASS=other)
     url = f"http://127.0.0.1:{port}"
     try:
-        heartbeat = "/api/v1/groups/bench/heartbeat"
-        wrk(url, heartbeat, key, bodies_file)  # the new workers load their snapshots first
+        wrk(url, HEARTBEAT, key, bodies_file)  # the new workers load their snapshots first
         figures = {label: wrk(url, path, key, bodies_file)
-                   for label, path in (("ceiling", "/bench/ceiling"), ("heartbeat", heartbeat))}
+                   for label, path in (("ceiling", "/bench/ceiling"), ("heartbeat", HEARTBEAT))}
     finally:
         server.terminate()
         server.wait(60)
     ceiling, ours = figures["ceiling"], figures["heartbeat"]
     print(f"== for comparison, {other} workers (after ANALYZE, same run)")
     for label, r in figures.items():
-        print(f"   {label:<32} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms"
-              f"  non-2xx {r['non2xx']} {r['socket_errors']}")
+        show(label, r)
     print(f"   heartbeat on {other} workers: {ours['rps'] / ceiling['rps']:.2f}x its ceiling,"
           f" p99 {ours['p99_ms']:.1f} ms")
 
@@ -406,39 +453,18 @@ def main() -> None:
         print(f"== steady state under wrk: {CONNECTIONS} connections, {DURATION} s each, "
               f"gunicorn workers: {workers} × {worker_class} (the ceiling runs on the same server);"
               f" {ROUNDS} rounds of heartbeat and ceiling side by side, each round's ratio its own")
-        heartbeat = "/api/v1/groups/bench/heartbeat"
-
-        def show(label: str, r: dict[str, float]) -> None:
-            print(f"   {label:<32} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms"
-                  f"  non-2xx {r['non2xx']} {r['socket_errors']}")
-
-        def side_by_side(phase: str) -> dict[str, Any]:
-            """ROUNDS pairs, the order alternating, so drift in this machine's speed (±20 % over
-            seconds here, idle) lands on both sides of a ratio instead of on one measurement."""
-            rounds = []
-            for n in range(ROUNDS):
-                order = (("heartbeat", heartbeat), ("ceiling", "/bench/ceiling"))
-                pair = {label: wrk(url, path, key, f.name) for label, path in (order if n % 2 == 0 else order[::-1])}
-                for label in ("heartbeat", "ceiling"):
-                    show(f"{phase}, round {n + 1}: {label}", pair[label])
-                rounds.append(pair)
-            ratios = sorted(p["heartbeat"]["rps"] / p["ceiling"]["rps"] for p in rounds)
-            p99s = sorted(p["heartbeat"]["p99_ms"] for p in rounds)
-            return {"ratio": ratios[len(ratios) // 2], "ratios": ratios, "p99": p99s[len(p99s) // 2],
-                    "p99_max": p99s[-1], "rps": sorted(p["heartbeat"]["rps"] for p in rounds)[len(rounds) // 2],
-                    "non2xx": sum(p["heartbeat"]["non2xx"] for p in rounds)}
-
-        results = {"heartbeat right after the storm": side_by_side("after the storm")}
+        results = {"heartbeat right after the storm": side_by_side(url, "after the storm", key, f.name)}
         naive = wrk(url, "/bench/naive", key, f.name)
         show("naive (group row lock via ORM)", naive)
         analyze()
-        results["heartbeat after ANALYZE"] = side_by_side("after ANALYZE")
+        results["heartbeat after ANALYZE"] = side_by_side(url, "after ANALYZE", key, f.name)
         print("== ratios (same run; median of the rounds, each round's heartbeat against its own ceiling)")
         for label, fig in results.items():
             print(f"   {label}: {fig['ratio']:.2f}x the ceiling (goal >= 0.75x; rounds "
                   f"{', '.join(f'{r:.2f}' for r in fig['ratios'])}), {fig['rps'] / naive['rps']:.1f}x naive,"
                   f" p99 {fig['p99']:.1f} ms (goal <= 50 ms; worst round {fig['p99_max']:.1f} ms)")
         compare_worker_class(worker_class, key, f.name)
+        freshness_read_cost(results["heartbeat after ANALYZE"]["ratio"], key, f.name)
 
         print(f"== one join into the settled {MEMBERS} x {SHARDS} group (coordinator time, 40 joins and leaves)")
         for label, fig in single_join_cost("bench").items():
