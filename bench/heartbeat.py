@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -89,6 +90,23 @@ def start_server(port: int, **overrides: str) -> subprocess.Popen[bytes]:
             time.sleep(0.1)
     proc.kill()
     raise SystemExit("gunicorn did not start")
+
+
+@contextlib.contextmanager
+def serving(wait: float = 60, **overrides: str) -> Iterator[str]:
+    """A server of the shipped config on a free port (`start_server`), as its URL; stopped on
+    exit: its workers write their last batch of last-seen stamps first, and are killed if that
+    takes more than `wait` seconds."""
+    port = free_port()
+    server = start_server(port, **overrides)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        try:
+            server.wait(wait)
+        except subprocess.TimeoutExpired:
+            server.kill()
 
 
 class SimMember:
@@ -343,16 +361,10 @@ def freshness_read_cost(with_read: float, key: str, bodies_file: str) -> None:
     heartbeat waits for a read that started after it arrived (assignments.fastpath._GroupReads),
     so that it sees every write committed before it arrived; docs/ARCHITECTURE.md has what that
     wait costs and why the database's share of it is small."""
-    port = free_port()
-    server = start_server(port, RSC_BENCH_NO_FRESHNESS_READ="1")
-    url = f"http://127.0.0.1:{port}"
     print("== reference: heartbeat without its freshness read (unsafe, bench only; after ANALYZE, same run)")
-    try:
+    with serving(RSC_BENCH_NO_FRESHNESS_READ="1") as url:
         wrk(url, HEARTBEAT, key, bodies_file)  # the new workers load their snapshots first
         fig = side_by_side(url, "without the read", key, bodies_file)
-    finally:
-        server.terminate()
-        server.wait(60)
     print(f"   without the read: {fig['ratio']:.2f}x the ceiling (rounds {', '.join(f'{r:.2f}' for r in fig['ratios'])});"
           f" with it: {with_read:.2f}x. The difference is what the freshness guarantee costs.")
 
@@ -362,16 +374,10 @@ def compare_worker_class(shipped: str, key: str, bodies_file: str) -> None:
     shipped for slow clients; sync is what it replaced), its own ceiling beside it: each
     ratio compares a heartbeat with a ceiling served by the same kind of worker."""
     other = "sync" if shipped == "gevent" else "gevent"
-    port = free_port()
-    server = start_server(port, WORKER_CLASS=other)
-    url = f"http://127.0.0.1:{port}"
-    try:
+    with serving(WORKER_CLASS=other) as url:
         wrk(url, HEARTBEAT, key, bodies_file)  # the new workers load their snapshots first
         figures = {label: wrk(url, path, key, bodies_file)
                    for label, path in (("ceiling", "/bench/ceiling"), ("heartbeat", HEARTBEAT))}
-    finally:
-        server.terminate()
-        server.wait(60)
     ceiling, ours = figures["ceiling"], figures["heartbeat"]
     print(f"== for comparison, {other} workers (after ANALYZE, same run)")
     for label, r in figures.items():
@@ -422,10 +428,7 @@ def main() -> None:
 
     analyze()  # the empty tables' statistics, as on a fresh install
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = start_server(port)
-    try:
+    with serving() as url:
         conns = f"{STORM_CONNECTIONS} shared connections" if STORM_CONNECTIONS else "a connection each"
         print(f"== {MEMBERS} members joining a group of {SHARDS} shards at once, heartbeats every 3 s"
               f" (revocations reported at once, {conns})")
@@ -488,12 +491,6 @@ def main() -> None:
         os.unlink(f.name)
         if not r9:
             raise SystemExit(1)
-    finally:
-        server.terminate()
-        try:
-            server.wait(60)  # workers write their last batch of last-seen stamps first
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ grant of a shard to a member of another instance than the one holding it before 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -146,7 +145,7 @@ def report(url: str, static_group: tuple[str, str], plain_group: tuple[str, str]
 
 def main() -> None:
     os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/rsc_bench_rolling")
-    from bench.heartbeat import free_port, recreate_database, start_server
+    from bench.heartbeat import recreate_database, serving
 
     members = int(os.environ.get("BENCH_ROLLING_MEMBERS", 8))
     shards = int(os.environ.get("BENCH_ROLLING_SHARDS", 64))
@@ -166,17 +165,9 @@ def main() -> None:
     for name in ("rolling-static", "rolling-plain"):
         create_group(name, "rolling", session_timeout_ms=60_000, rebalance_timeout_ms=60_000)
         groups.append((name, create_api_key(group=name)))
-    port = free_port()
-    server = start_server(port)
-    try:
+    with serving(wait=30) as url:
         print(f"== rolling restart: {members} members over {shards} shards, one restart at a time")
-        result = report(f"http://127.0.0.1:{port}", groups[0], groups[1], members)
-    finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        result = report(url, groups[0], groups[1], members)
     if result.moved:
         raise SystemExit(1)
 

@@ -6,15 +6,13 @@ from the group row it read first, and misses every write another process makes a
 """
 from __future__ import annotations
 
-from typing import Any
-
 from assignments import fastpath
 
 
 class _ReadOnce:
     """Each group's row read once per process (through the real coalesced read), then reused."""
 
-    def __init__(self, reads: Any) -> None:
+    def __init__(self, reads: fastpath._GroupReads) -> None:
         self._reads = reads
         self._rows: dict[str, tuple | None] = {}
 
