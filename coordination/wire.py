@@ -8,6 +8,7 @@ OpenAPI; a test keeps both in step with `dataplane.protocol.REQUEST_FIELDS`.
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any
 
 from coordination.model import HeartbeatRequest, RevokeReport
@@ -25,12 +26,17 @@ MAX_CLIENT_ID_LENGTH = 200
 REBALANCE_TIMEOUT_MS_RANGE = (100, 24 * 3600 * 1000)
 _REVOKE_STATES = {s.value: s for s in RevokeState}
 # Control characters (NUL above all: PostgreSQL refuses it in text, a newline forges log
-# lines) and lone surrogates (not encodable as UTF-8) never get past validation.
+# lines) and lone surrogates (not encodable as UTF-8) never get past validation. Nor do
+# format characters (Unicode category Cf: U+202E reverses what the admin and logs show,
+# zero-width ones make two ids look alike; issue 27.10).
 UNSAFE_CHARS_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def has_unsafe_chars(value: str) -> bool:
-    return UNSAFE_CHARS_RE.search(value) is not None
+    if UNSAFE_CHARS_RE.search(value) is not None:
+        return True
+    # ASCII has no format character: the usual id skips the per-character walk.
+    return not value.isascii() and any(unicodedata.category(c) == "Cf" for c in value)
 
 
 class InvalidRequest(ValueError):
@@ -72,7 +78,7 @@ class _Checker:
             self.fail(name, f"must be at most {max_length} characters")
             return None
         if has_unsafe_chars(value):
-            self.fail(name, "must not contain control characters")
+            self.fail(name, "must not contain control or format characters")
             return None
         return value
 
@@ -84,7 +90,7 @@ class _Checker:
             self.fail(path, f"must be a shard id of 1-{MAX_SHARD_ID_LENGTH} characters")
             return None
         if has_unsafe_chars(value):
-            self.fail(path, "must not contain control characters")
+            self.fail(path, "must not contain control or format characters")
             return None
         return value
 

@@ -318,7 +318,8 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     token = getattr(settings, "METRICS_TOKEN", "")
     if token:  # optional: scrapers send Authorization: Bearer <METRICS_TOKEN>
         sent = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(sent, token):
+        # Compared as bytes: compare_digest refuses a str with non-ASCII characters (a 500).
+        if not hmac.compare_digest(sent.encode("utf-8", "surrogateescape"), token.encode()):
             return HttpResponse("metrics token required\n", status=401, content_type="text/plain")
     fold_heartbeat_tally()  # this process's latest heartbeats; other workers' within FOLD_PERIOD_S
     return HttpResponse(generate_latest(_registry()), content_type=CONTENT_TYPE_LATEST)

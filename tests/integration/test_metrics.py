@@ -149,6 +149,14 @@ def test_metrics_token_when_configured(db: None):
     assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
 
 
+@override_settings(METRICS_TOKEN="s3cret")
+def test_i27_10_metrics_token_with_a_non_ascii_authorization_header_is_401_not_500(db: None):
+    # WSGI hands header bytes over as latin-1 text: "é" sent as UTF-8 arrives as "Ã©".
+    for sent in ("Bearer s3crét", "Bearer s3cr\u00c3\u00a9t", "Bearer \u00ff" * 3):
+        r = Client(raise_request_exception=False).get("/metrics", HTTP_AUTHORIZATION=sent)
+        assert r.status_code == 401, sent
+
+
 # --- /readyz ---------------------------------------------------------------------------------------
 def test_readyz_checks_database_redis_and_sweep_lag(db: None):
     c = Client()

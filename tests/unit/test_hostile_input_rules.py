@@ -19,8 +19,24 @@ controls = st.sampled_from([chr(c) for c in [*range(0x20), *range(0x7F, 0xA0)]] 
 
 @given(st.text(max_size=10), controls, st.text(max_size=10))
 def test_any_control_character_in_client_id_is_refused_naming_it(before: str, bad: str, after: str):
-    with pytest.raises(InvalidRequest, match=r"^clientId: must not contain control characters"):
+    with pytest.raises(InvalidRequest, match=r"^clientId: must not contain control or format characters"):
         parse_heartbeat({"memberId": "m1", "memberEpoch": 0, "clientId": before + bad + after})
+
+
+# Unicode category Cf: bidi overrides and isolates, zero-width characters, the BOM, soft hyphen.
+format_chars = st.sampled_from(["\u202e", "\u202a", "\u2066", "\u200b", "\u200d", "\u2060", "\ufeff", "\u00ad",
+                                "\U000e0001"])
+
+
+@given(st.text(alphabet=st.characters(exclude_categories=("Cc", "Cf", "Cs")), max_size=10), format_chars,
+       st.text(alphabet=st.characters(exclude_categories=("Cc", "Cf", "Cs")), max_size=10))
+def test_i27_10_format_characters_in_client_id_are_refused_naming_the_field(before: str, bad: str, after: str):
+    with pytest.raises(InvalidRequest, match=r"^clientId: must not contain control or format characters"):
+        parse_heartbeat({"memberId": "m1", "memberEpoch": 0, "clientId": before + bad + after})
+
+
+def test_i27_10_other_non_ascii_client_ids_still_pass():
+    assert parse_heartbeat({"memberId": "m1", "memberEpoch": 0, "clientId": "hôte-é/東京/pid 7"}).client_id
 
 
 @given(controls)
