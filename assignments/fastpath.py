@@ -109,10 +109,12 @@ SELECT me.assignment_epoch, me.heartbeat_interval_ms, me.metadata_epoch, granted
   FROM stamped, me, granted
 """
 
-# What proves a snapshot current: one indexed read of the group and its stream row.
+# What proves a snapshot current: one indexed read of the group and its stream row (after
+# the id and state_version, the columns of store._shape, in its order).
 _VERSION_SQL = f"""
 SELECT g.{_c(Group, "id")}, g.{_c(Group, "state_version")}, g.{_c(Group, "created_at")},
-       g.{_c(Group, "stream")}, g.{_c(Group, "metadata_epoch")}, st.{_c(Stream, "metadata_epoch")}
+       g.{_c(Group, "stream")}, g.{_c(Group, "metadata_epoch")}, st.{_c(Stream, "metadata_epoch")},
+       g.{_c(Group, "deletion_epoch")}
   FROM {_G} AS g JOIN {_ST} AS st ON st.{_c(Stream, "id")} = g.{_c(Group, "stream")}
  WHERE g.{_c(Group, "name")} = %s
 """

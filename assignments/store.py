@@ -17,6 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from assignments.models import ShardAssignment
@@ -421,9 +422,12 @@ def forget_snapshots() -> None:
 
 
 def _shape(group: Group) -> tuple[object, ...]:
-    # Slots are added or removed only together with a metadataEpoch rise (resharding); the
-    # creation time tells a group recreated under a reused id (a restored database) apart.
-    return (group.created_at, group.stream_id, group.metadata_epoch, group.stream.metadata_epoch)
+    # Slots are added or removed only together with a metadataEpoch rise (resharding); member
+    # rows are deleted only with a deletion_epoch rise (delete_members); the creation time
+    # tells a group recreated under a reused id (a restored database) apart. The same columns,
+    # in this order, as fastpath._VERSION_SQL reads.
+    return (group.created_at, group.stream_id, group.metadata_epoch, group.stream.metadata_epoch,
+            group.deletion_epoch)
 
 
 def steady_snapshot(group_pk: int, version: int, shape: tuple[object, ...]) -> Snapshot | None:
@@ -803,6 +807,20 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
         _write_slots(writes, rows, group.pk if by_name else None)
     _save_events(writes, state, loaded, actor)
     writes.run(commit=commit)
+
+
+def delete_members(group: Group, ids: list[int], still: Q) -> int:
+    """Delete these member rows of the (locked) group that still match `still` (a
+    compare-and-set), and say so to every process's snapshot: state_version and
+    deletion_epoch rise (see `_shape`). Returns how many rows went."""
+    if not ids:
+        return 0
+    deleted, _ = MemberRow.objects.filter(group=group, id__in=ids).filter(still).delete()
+    if deleted:
+        Group.objects.filter(pk=group.pk).update(
+            state_version=F("state_version") + 1, deletion_epoch=F("deletion_epoch") + 1
+        )
+    return deleted
 
 
 def _remember_pk(loaded: Loaded, mid: str, values: dict[str, object]) -> Callable[[list[tuple]], None]:

@@ -87,6 +87,11 @@ class Group(models.Model):
     # stamped on the rows it wrote: a process's cached snapshot of the group is exact while
     # this matches, and catches up by reading only the rows stamped after its own version.
     state_version = models.BigIntegerField(default=0, editable=False)
+    # Raised (with state_version) by every delete of the group's member or slot rows
+    # (assignments.store.delete_members): a snapshot catches up by the rows stamped after its
+    # version, which cannot show a row that is gone, so a snapshot of an older deletion_epoch
+    # is loaded again in full (issue 27.5: a deleted tombstone left live in a snapshot).
+    deletion_epoch = models.BigIntegerField(default=0, editable=False)
     # Join batching (coordination.engine.r1b_defer_rebalance): when the target was last
     # recomputed, when a recompute that joins or leaves deferred is due (null: none waits), and
     # when the first change it waits for came.

@@ -24,7 +24,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from assignments.models import ShardAssignment
-from assignments.store import lock_group
+from assignments.store import delete_members, lock_group
 from coordination.model import MemberStatus
 from groups.models import Event, Group
 from members.models import Member
@@ -85,8 +85,9 @@ def _delete_batch(group_name: str, cutoff: datetime, batch: int) -> int:
             .order_by("id")
             .values_list("id", flat=True)[:batch]
         )
-        if ids:
-            Member.objects.filter(id__in=ids).filter(_old_tombstones(cutoff)).delete()
+        # Through the store: a process's snapshot may still hold one of them as live (its
+        # sweep ran elsewhere), and must reload rather than assign shards to a deleted row.
+        delete_members(group, ids, _old_tombstones(cutoff))
         return len(ids)
 
 

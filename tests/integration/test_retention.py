@@ -159,3 +159,19 @@ def test_retention_waits_for_the_group_lock_and_spares_a_tombstone_rejoined_mean
     worker.join(30)
     assert result == {"tombstones": 0, "events": 0}
     assert statuses()["a"] in {"PENDING", "STABLE"}
+
+
+def test_i27_5_joins_after_retention_deleted_a_snapshots_member_never_answer_500(orders: GroupFixture, hb: Hb):
+    """A process's snapshot lists a member as live; another pass (the sweep, which does not use
+    snapshots) expires it and retention deletes its tombstone. The next locked passes here must
+    not assign shards to the deleted row (a foreign key violation: HTTP 500)."""
+    old = timezone.now() - timedelta(minutes=3)
+    beat("gone", 0, old)
+    beat("gone", 1, old)  # this process's snapshot now holds "gone" as a live member
+    assert sweep_liveness(old + timedelta(minutes=1)).expired == {"g1": ["gone"]}
+    assert apply_retention(timezone.now(), tombstone_age=timedelta(seconds=1), event_age=timedelta(0)) == {
+        "tombstones": 1, "events": 0}
+    for i in range(6):
+        status, body = hb({"memberId": f"new{i}", "memberEpoch": 0, "ownedShards": []})
+        assert status == 200, body
+        assert body["errorCode"] == "NONE"
