@@ -13,7 +13,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the distribution's version (pyproject reads it), --version, User-Agent
 
 _LAZY = {
     "Consumer": "consumer",

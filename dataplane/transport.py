@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import logging
+import platform
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
+from . import __version__
 from .backoff import Backoff, retry_call
 from .protocol import answer_body
 
 log = logging.getLogger(__name__)
+
+# The coordinator records it per member (describe, admin): which library version each runs.
+USER_AGENT = f"rsc-dataplane/{__version__} python/{platform.python_version()}"
 
 
 class CoordinatorUnavailable(Exception):
@@ -48,7 +53,7 @@ class Transport:
         backoff_max: float = 1.0,
         client: httpx.Client | None = None,
     ) -> None:
-        headers = {"Accept": "application/json", "User-Agent": "rsc-dataplane/0.1"}
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         timeout = httpx.Timeout(read_timeout, connect=connect_timeout)

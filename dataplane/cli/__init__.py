@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .. import __version__
 from ..preflight import EXIT_CONFIG, EXIT_UNREACHABLE, PreflightError
 from . import consume, dlq, produce, route
 from .common import EPILOG, resolve
@@ -29,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Redis Stream Coordinator member data-plane",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS.values():

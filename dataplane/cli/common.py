@@ -47,7 +47,13 @@ def add_common(p: argparse.ArgumentParser, redis: bool = True) -> None:
     if redis:
         p.add_argument("--redis", help=f"Redis URL (env {ENV['redis']})")
         p.add_argument("--cluster", action="store_true", help="Redis is a Redis Cluster")
-    p.add_argument("-v", "--verbose", action="count", default=0)
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more logging: -v shows debug lines and each HTTP request, -vv also the HTTP wire",
+    )
 
 
 def add_sub(sub: Any, name: str, text: str) -> argparse.ArgumentParser:

@@ -18,13 +18,17 @@ NEEDS = ("coordinator", "api_key", "redis")
 def add_parser(sub: Any) -> None:
     c = add_sub(sub, "consume", "join a group and run a handler on its messages")
     add_common(c)
-    c.add_argument("--group", required=True)
+    c.add_argument("--group", required=True, help="the consumer group to join")
     c.add_argument(
         "--handler",
         required=True,
         help="module:function taking a Message (the current directory is on sys.path)",
     )
-    c.add_argument("--member-id", dest="member_id")
+    c.add_argument(
+        "--member-id",
+        dest="member_id",
+        help="this process's memberId (default: host-pid-random, new for each process)",
+    )
     c.add_argument(
         "--instance-id",
         dest="instance_id",
@@ -39,12 +43,43 @@ def add_parser(sub: Any) -> None:
         default=16,
         help="async handlers: coroutines in flight at most",
     )
-    c.add_argument("--workers", type=int, default=4)
-    c.add_argument("--batch-size", dest="batch_size", type=int, default=100)
-    c.add_argument("--block-ms", dest="block_ms", type=int, default=1000)
-    c.add_argument("--max-deliveries", dest="max_deliveries", type=int, default=5)
-    c.add_argument("--key-field", dest="key_field", default="key")
-    c.add_argument("--ack", choices=("after", "before"), default="after")
+    c.add_argument(
+        "--workers", type=int, default=4, help="sync handlers: worker threads (default 4)"
+    )
+    c.add_argument(
+        "--batch-size",
+        dest="batch_size",
+        type=int,
+        default=100,
+        help="entries read per shard and read (default 100)",
+    )
+    c.add_argument(
+        "--block-ms",
+        dest="block_ms",
+        type=int,
+        default=1000,
+        help="longest wait for new entries before the reader looks again (default 1000)",
+    )
+    c.add_argument(
+        "--max-deliveries",
+        dest="max_deliveries",
+        type=int,
+        default=5,
+        help="deliveries of a failing message before it goes to the DLQ (default 5)",
+    )
+    c.add_argument(
+        "--key-field",
+        dest="key_field",
+        default="key",
+        help="field holding the message key; per-key order is kept (default key)",
+    )
+    c.add_argument(
+        "--ack",
+        choices=("after", "before"),
+        default="after",
+        help="after: ACK once the handler succeeded (at-least-once, default); "
+        "before: ACK, then run (at-most-once)",
+    )
 
 
 def load_handler(spec: str) -> Callable[[Any], Any]:

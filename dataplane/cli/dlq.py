@@ -26,10 +26,15 @@ def add_parser(sub: Any) -> None:
     ):
         a = add_sub(dsub, name, text)
         add_common(a)
-        a.add_argument("--group", required=True)
+        a.add_argument("--group", required=True, help="the consumer group whose DLQ this is")
         a.add_argument("--shard", help="only this shard's DLQ, e.g. orders:1:0")
         a.add_argument("--limit", type=int, help="at most N entries (oldest first)")
-        a.add_argument("--key-field", dest="key_field", default="key")
+        a.add_argument(
+            "--key-field",
+            dest="key_field",
+            default="key",
+            help="field holding the message key (default key)",
+        )
         if name == "list":
             a.add_argument("--json", action="store_true", help="one JSON object per line")
         if name == "purge":

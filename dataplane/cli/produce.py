@@ -24,7 +24,7 @@ def add_parser(sub: Any) -> None:
         "append messages: one with --key and field=value arguments, or JSON lines from stdin",
     )
     add_common(p)
-    p.add_argument("--stream", required=True)
+    p.add_argument("--stream", required=True, help="the stream to append to")
     p.add_argument("--key", help="the message key; without it, read one JSON object per stdin line")
     p.add_argument(
         "--key-field",
@@ -39,7 +39,9 @@ def add_parser(sub: Any) -> None:
         default=500,
         help="stdin lines per send_many call (default 500)",
     )
-    p.add_argument("fields", nargs="*", metavar="field=value")
+    p.add_argument(
+        "fields", nargs="*", metavar="field=value", help="the message's fields (with --key)"
+    )
 
 
 def parse_fields(items: Sequence[str]) -> dict[str, str]:

@@ -15,8 +15,8 @@ NEEDS = ("coordinator", "api_key")
 def add_parser(sub: Any) -> None:
     r = add_sub(sub, "route", "print the shard id and Redis key a key routes to")
     add_common(r, redis=False)
-    r.add_argument("--stream", required=True)
-    r.add_argument("key")
+    r.add_argument("--stream", required=True, help="the stream whose routing is asked")
+    r.add_argument("key", help="the message key to route")
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -119,6 +119,7 @@ class FakeCoordinator:
         self.routing: dict = {}
         self.requests: list[dict] = []
         self.auth: list[str | None] = []
+        self.user_agents: list[str | None] = []
         self.heartbeat = self.default_heartbeat
         self.metadata: dict = {}
         self.epoch = 0
@@ -149,6 +150,7 @@ class FakeCoordinator:
 
             def do_POST(self) -> None:
                 fake.auth.append(self.headers.get("Authorization"))
+                fake.user_agents.append(self.headers.get("User-Agent"))
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.requests.append(body)
                 status, resp = fake.heartbeat(body)

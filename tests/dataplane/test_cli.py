@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,54 @@ def test_installed_console_script_runs_from_any_directory_and_finds_a_local_hand
     out = run_here(*base, "nothere:handle")
     assert out.returncode == 2
     assert "cannot load handler 'nothere:handle'" in out.stderr
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Action]]:
+    """Every (command path, action) of the parser and its subcommands, recursively."""
+    out: list[tuple[str, argparse.Action]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += [(f"{name} {p}".strip(), a) for p, a in _flags(sub)]
+        else:
+            out.append(("", action))
+    return out
+
+
+def test_i25_5_every_cli_flag_has_help_text() -> None:
+    from dataplane.cli import build_parser
+
+    flags = _flags(build_parser())
+    assert len(flags) > 40  # the walk reached the subcommands
+    missing = [f"{cmd}: {a.option_strings or a.dest}" for cmd, a in flags if not a.help]
+    assert missing == []
+
+
+def test_i25_7_version_is_the_distributions_and_printed_by_version_flag() -> None:
+    from importlib.metadata import version
+
+    import dataplane
+
+    assert version("rsc-dataplane") == dataplane.__version__
+    out = run(["--version"], dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"python -m dataplane {dataplane.__version__}"
+
+
+def test_i25_7_heartbeats_carry_the_library_version_in_user_agent(
+    prefix, coordinator, redis_url
+) -> None:
+    import dataplane
+    from dataplane import Consumer
+
+    setup_stream(coordinator, prefix)
+    c = Consumer(coordinator.url, "g", "k", lambda m: None, redis_url=redis_url, block_ms=100)
+    t = threading.Thread(target=c.run)
+    t.start()
+    try:
+        wait_until(lambda: len(coordinator.user_agents) >= 2, what="heartbeats")
+    finally:
+        c.stop()
+        t.join(15)
+    agent = coordinator.user_agents[0] or ""
+    assert agent.startswith(f"rsc-dataplane/{dataplane.__version__} python/"), agent
