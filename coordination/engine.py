@@ -127,6 +127,19 @@ def r1_join(state: GroupState, req: HeartbeatRequest, now: datetime) -> Heartbea
     return _answer(state, member, status, full_metadata=True)
 
 
+def capped_rebalance_timeout_ms(requested_ms: int | None, group_ms: int) -> int:
+    """Issue 27.8: a member may ask for a shorter rebalance timeout than its group's, never a
+    longer one: its revoking shards would otherwise be held from newcomers for as long as it
+    likes (24 h was accepted). No request (or 0): the group's."""
+    return min(requested_ms, group_ms) if requested_ms else group_ms
+
+
+def rebalance_timeout_of(state: GroupState, member: Member) -> int:
+    """The member's rebalance timeout in force: capped at the group's current setting, so a
+    member that joined before an operator lowered it (or before the cap) is bound too."""
+    return capped_rebalance_timeout_ms(member.rebalance_timeout_ms, state.rebalance_timeout_ms)
+
+
 def _join_with_owned_shards(req: HeartbeatRequest) -> HeartbeatResponse:
     return _error(
         ErrorCode.FENCED_MEMBER_EPOCH,
@@ -140,7 +153,7 @@ def _new_member(state: GroupState, req: HeartbeatRequest, now: datetime) -> Memb
         member_id=req.member_id,
         status=MemberStatus.PENDING,
         client_id=req.client_id,
-        rebalance_timeout_ms=req.rebalance_timeout_ms or state.rebalance_timeout_ms,
+        rebalance_timeout_ms=capped_rebalance_timeout_ms(req.rebalance_timeout_ms, state.rebalance_timeout_ms),
         joined_at=now,
         last_heartbeat_at=now,
         instance_id=req.instance_id,
@@ -407,7 +420,7 @@ def r6_reconcile(state: GroupState, member: Member, now: datetime, *, drain_only
     if state.revoking_from(mid):
         member.status = MemberStatus.REVOKING
         if member.revocation_deadline is None:
-            member.revocation_deadline = deadline(now, member.rebalance_timeout_ms)
+            member.revocation_deadline = deadline(now, rebalance_timeout_of(state, member))
         return Status.SYNC_METADATA if drain_only else Status.REVOKE_PENDING
 
     member.revocation_deadline = None
@@ -554,7 +567,7 @@ def l2_fence_overdue_revocations(
     for m in state.live_members():
         if m.revocation_deadline is None or now <= m.revocation_deadline:
             continue
-        if intake.up_since is None or _ms_since(intake.up_since, now) > m.rebalance_timeout_ms:
+        if intake.up_since is None or _ms_since(intake.up_since, now) > rebalance_timeout_of(state, m):
             overdue.append(m.member_id)
     return r8_remove_members(
         state, overdue, status=MemberStatus.FENCED, reason="rebalance timeout", actor="sweeper"
