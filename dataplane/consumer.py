@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from .errors import InstanceIdReplaced, heartbeat_refusal
+from .listeners import Listener, Listeners
 from .membership import Actions, Membership
 from .message import Message
 from .protocol import MEMBER_ID_RE, MEMBER_ID_RULE
@@ -62,6 +63,9 @@ class Consumer:
         max_concurrency: int = 16,
         transport: Transport | None = None,
         instance_id: str | None = None,
+        on_assigned: Listener | None = None,
+        on_revoked: Listener | None = None,
+        on_lost: Listener | None = None,
     ) -> None:
         self.member_id = member_id or default_member_id()
         if not MEMBER_ID_RE.fullmatch(self.member_id):
@@ -89,6 +93,13 @@ class Consumer:
         )
         self.runtime = Runtime(redis_url, group, self.member_id, handler, cfg, cluster=cluster)
         self.shutdown_timeout_s = shutdown_timeout_s
+        # Rebalance listeners (listeners.py), called from run()'s thread.
+        self.listeners = Listeners(
+            on_assigned,
+            on_revoked,
+            on_lost,
+            loop=lambda: getattr(self.runtime.workers, "loop", None),
+        )
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the machine is not thread-safe; run() owns it
 
@@ -137,6 +148,9 @@ class Consumer:
             self.runtime.abort(shard)
         for shard in actions.revoke:
             self.runtime.revoke(shard)
+        if actions.grant:
+            # Before the runtime reads them: the application sets up per-shard state first.
+            self.listeners.assigned(g.shard for g in actions.grant)
         for grant in actions.grant:
             self.runtime.grant(grant)
         if actions.abort:
@@ -145,6 +159,7 @@ class Consumer:
             self.runtime.wait_idle_reads(actions.abort, timeout=5.0)
             for shard in actions.abort:
                 self.runtime.forget(shard)
+            self.listeners.lost(actions.abort)  # after reads and ACKs stopped (C4)
 
     def _loop(self) -> None:
         m, rt = self.machine, self.runtime
@@ -157,10 +172,14 @@ class Consumer:
                 leave_deadline = time.monotonic() + self.shutdown_timeout_s
                 self._apply(m.leave())
             if leave_deadline is not None and time.monotonic() > leave_deadline:
+                self.listeners.lost(m.revoking_in_progress)  # their work did not finish
                 m.force_leave()
             self._apply(m.check_session(now))
-            for shard in m.revoking_in_progress:
-                if rt.outstanding(shard) == 0:
+            finished = [s for s in m.revoking_in_progress if rt.outstanding(s) == 0]
+            if finished:
+                # C1: after the in-flight work, before REVOKED goes out (the next poll).
+                self.listeners.revoked(finished)
+                for shard in finished:
                     m.revocation_finished(shard)
                     rt.forget(shard)
             for shard in rt.drained_shards():
