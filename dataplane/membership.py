@@ -78,7 +78,8 @@ class Membership:
         self._next_due_ms: int | None = None  # None = send at the first poll
         self._urgent = True  # joining
         self._fences = 0  # fences since the last accepted heartbeat
-        self._asking = False  # a static member fenced itself: ask before rejoining (_fence)
+        self._asking = False  # fenced itself: ask at its epoch before rejoining (_fence)
+        self._resume = False  # while asking: an OK answer resumes instead of rejoining
 
     # ---- views ---------------------------------------------------------------------------
 
@@ -156,9 +157,14 @@ class Membership:
         code = body.get("errorCode") or ErrorCode.NONE
         self.last_error = None if code == ErrorCode.NONE else code
         asking, self._asking = self._asking, False
+        resume, self._resume = self._resume, False
         if http_status == 200 and code == ErrorCode.NONE:
-            if asking:  # not replaced; our grants' fence tokens may be past, so rejoin anyway
+            if asking and not resume:  # not replaced; our grants' tokens are past: rejoin anyway
                 return self._fence(now_ms, "still a member after fencing itself")
+            if asking:
+                log.warning("member %s still in the group at epoch %s after its session lapsed "
+                            "locally: resuming its assignment, no rejoin", self.member_id,
+                            req["memberEpoch"])  # fmt: skip
             return self._accept(now_ms, req, body)
         if code in FENCING_ERRORS:
             if self.instance_id and not self.leaving:  # fatal, like Kafka's FENCED_INSTANCE_ID
@@ -169,7 +175,7 @@ class Membership:
         # the first join auth and unknown group are fatal: errors.heartbeat_refusal.)
         msg = body.get("errorMessage")
         log.warning("heartbeat refused: HTTP %s %s: %s (retrying)", http_status, code, msg)
-        self._asking = asking
+        self._asking, self._resume = asking, resume
         self._backoff(now_ms)
         return Actions()
 
@@ -212,13 +218,20 @@ class Membership:
 
     # ---- fencing, timers -----------------------------------------------------------------
 
-    def _fence(self, now_ms: int, reason: str, *, ask: bool = False) -> Actions:
+    def _fence(
+        self, now_ms: int, reason: str, *, ask: bool = False, resume: bool = False
+    ) -> Actions:
         """C4/C5: stop reading and acking everything, forget ownership, rejoin at epoch 0; stop
         for good when a newer incarnation of our instanceId replaced us (R1s). ``ask``: fenced
         by itself (token taken, session lapsed), a static member's join could replace that newer
-        process, so it first heartbeats at its epoch holding nothing: the answer decides."""
+        process, so it first heartbeats at its epoch holding nothing: the answer decides.
+        ``resume`` (session lapsed, any member, issue 27.11): the coordinator may have been the
+        one that was down and expired nobody; an OK answer to that ask resumes the assignment
+        (grants taken again at the answer's epoch; the fence tokens still guard each shard)
+        instead of a group-wide rejoin. A fencing answer still rejoins."""
         stopped = sorted(set(self.owned) | set(self.revoking))
-        ask = ask and bool(self.instance_id) and self.member_epoch > 0 and not self.leaving
+        ask = ask and (bool(self.instance_id) or resume)
+        ask = ask and self.member_epoch > 0 and not self.leaving
         then = "stopping" if self.replaced else "asking the coordinator" if ask else "rejoining"
         log.log(logging.ERROR if self.replaced else logging.WARNING, "member %s fenced (%s):"
                 " aborting %d shards, %s", self.member_id, reason, len(stopped), then)  # fmt: skip
@@ -228,6 +241,7 @@ class Membership:
         self.drained.clear()
         if ask:
             self._asking = self._urgent = True
+            self._resume = resume
             self._last_accepted_ms = None  # no second session check while asking
             return Actions(abort=stopped)
         self.member_epoch = JOIN_EPOCH
@@ -262,7 +276,9 @@ class Membership:
             and now_ms - self._last_accepted_ms > self.session_timeout_ms
         ):
             self._last_accepted_ms = None
-            return self._fence(now_ms, "session timeout without an accepted heartbeat", ask=True)
+            return self._fence(
+                now_ms, "session timeout without an accepted heartbeat", ask=True, resume=True
+            )
         return Actions()
 
     def _backoff(self, now_ms: int) -> None:

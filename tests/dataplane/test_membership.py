@@ -218,8 +218,77 @@ def test_session_timeout_without_accepted_heartbeat_stops_everything() -> None:
     m.on_failure(1001)
     actions = m.check_session(2 + m.session_timeout_ms)
     assert actions.abort == ["s:1:0"]
+    assert not actions.rejoin  # it asks first (issue 27.11)
+    assert m.readable == {}
+    ask = m.poll(10**9)
+    assert ask is not None
+    assert ask["memberEpoch"] == 3
+    assert ask["ownedShards"] == []
+
+
+def _dynamic_after_a_lapse() -> Membership:
+    """A member (no instance id) at epoch 3 holding two shards whose coordinator stayed silent
+    past the session timeout, and that has aborted both."""
+    m = Membership("m-1")
+    m.poll(0)
+    m.on_response(1, 200, _ok(3, ["s:1:0", "s:1:1"]))
+    m.poll(1001)
+    m.on_failure(1002)
+    lapsed = m.check_session(2 + m.session_timeout_ms)
+    assert lapsed.abort == ["s:1:0", "s:1:1"]
+    assert not lapsed.rejoin
+    return m
+
+
+def test_i27_11_member_whose_session_lapsed_resumes_its_assignment_when_still_a_member() -> None:
+    """The coordinator was down, not the member: it expired nobody. The member asks at its
+    epoch holding nothing, and the OK answer gives its shards back: no epoch-0 rejoin."""
+    m = _dynamic_after_a_lapse()
+    t = 2 + m.session_timeout_ms
+    ask = m.poll(t + 10_000)
+    assert ask is not None
+    assert (ask["memberEpoch"], ask["ownedShards"], ask["revokingShards"]) == (3, [], [])
+    m.on_failure(t + 10_001)  # still down: it keeps asking at its epoch, no session check
+    assert m.check_session(t + 10**6) == Actions()
+    again = m.poll(t + 10**6)
+    assert again is not None
+    assert again["memberEpoch"] == 3
+    actions = m.on_response(t + 10**6 + 1, 200, _ok(3, ["s:1:0", "s:1:1"]))
+    assert not actions.rejoin
+    assert [(g.shard, g.grant_epoch) for g in actions.grant] == [("s:1:0", 3), ("s:1:1", 3)]
+    assert sorted(m.readable) == ["s:1:0", "s:1:1"]
+    assert m.member_epoch == 3
+    nxt = m.poll(t + 10**6 + 1001)
+    assert nxt is not None
+    assert nxt["memberEpoch"] == 3
+    assert sorted(nxt["ownedShards"]) == ["s:1:0", "s:1:1"]
+
+
+@pytest.mark.parametrize("body", [
+    {"errorCode": "UNKNOWN_MEMBER_ID", "errorMessage": "expired", "memberId": "m-1"},
+    {"errorCode": "FENCED_MEMBER_EPOCH", "errorMessage": "stale", "memberId": "m-1"},
+])
+def test_i27_11_member_whose_session_lapsed_rejoins_when_the_coordinator_expired_it(
+    body: dict[str, Any],
+) -> None:
+    m = _dynamic_after_a_lapse()
+    m.poll(10**6)
+    actions = m.on_response(10**6 + 1, 409, body)
     assert actions.rejoin
-    assert m.poll(10**9)["memberEpoch"] == 0
+    assert m.replaced is None
+    join = m.poll(10**6 + 2)
+    assert join is not None
+    assert join["memberEpoch"] == 0
+
+
+def test_i27_11_member_fenced_by_its_token_still_rejoins_without_asking() -> None:
+    """A taken fence token is a loss the coordinator decided: no ask for a dynamic member."""
+    m = Membership("m-1")
+    m.poll(0)
+    m.on_response(1, 200, _ok(3, ["s:1:0"]))
+    actions = m.fence_locally(2, {"s:1:0"}, "fence token taken")
+    assert actions.rejoin
+    assert m.poll(3)["memberEpoch"] == 0
 
 
 def test_other_errors_keep_ownership_and_back_off() -> None:
@@ -274,13 +343,12 @@ def test_c4_refused_ack_right_after_the_session_check_does_not_fence_twice() -> 
     m.on_failure(1001)  # the coordinator stays silent past the session timeout
     fenced = m.check_session(2 + m.session_timeout_ms)
     assert fenced.abort == ["s:1:0"]
-    assert fenced.rejoin
     # Then the ACK of a message handled meanwhile is refused: the shard is already aborted.
     again = m.fence_locally(3 + m.session_timeout_ms, {"s:1:0"}, "fence token taken")
     assert not again
-    req = m.poll(3 + m.session_timeout_ms)  # rejoins at once: no second fence, no backoff
+    req = m.poll(10**9)  # asks at its epoch: no second fence turned it into a rejoin
     assert req is not None
-    assert req["memberEpoch"] == 0
+    assert req["memberEpoch"] == 3
 
 
 def test_c4_fence_locally_on_a_held_shard_fences() -> None:

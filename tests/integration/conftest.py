@@ -143,9 +143,10 @@ class LiveServer:
 
 
 @contextmanager
-def running_gunicorn(**extra_env: str) -> Iterator[LiveServer]:
-    """Real gunicorn with the shipped config (2 gevent workers) on the test database."""
-    port = free_port()
+def running_gunicorn(port: int | None = None, **extra_env: str) -> Iterator[LiveServer]:
+    """Real gunicorn with the shipped config (2 gevent workers) on the test database (on
+    ``port``: a restart where clients already point)."""
+    port = port or free_port()
     env = {**os.environ, "DATABASE_URL": live_database_url(), "PYTHONUNBUFFERED": "1", **extra_env}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn.conf.py", "-w", "2",
