@@ -359,7 +359,8 @@ def freshness_read_cost(with_read: float, key: str, bodies_file: str) -> None:
     whose workers read the group row once and then never again (bench/unsafe.py; never in
     production: such a worker misses every write made by another process). Every steady
     heartbeat waits for a read that started after it arrived (assignments.fastpath._GroupReads),
-    so that it sees every write committed before it arrived; docs/ARCHITECTURE.md has what that
+    so that it sees every write committed before it arrived; docs/decisions/0009 and
+    bench/RESULTS.md (2026-12-03 19:20) have what that
     wait costs and why the database's share of it is small."""
     print("== reference: heartbeat without its freshness read (unsafe, bench only; after ANALYZE, same run)")
     with serving(RSC_BENCH_NO_FRESHNESS_READ="1") as url:

@@ -13,7 +13,8 @@ import os
 import tempfile
 from typing import Any
 
-# 2 workers on 2 cores (docs: BASELINES.md); override with WEB_CONCURRENCY / -w.
+# 2 workers on 2 cores: 3 or 4 gevent workers measured lower (bench/RESULTS.md, the freshness
+# read study of 2026-12-03); override with WEB_CONCURRENCY / -w.
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # Issue 8.2: gevent workers read each request in a greenlet of their own, so slow or idle
