@@ -14,6 +14,14 @@ lands where its key lives now. An entry is deleted from the DLQ only after its a
 succeeded, page by page: a crash mid-replay can duplicate a message, never lose one.
 Each call works on the entries present when it starts, so a message that fails again during a
 replay goes back to the DLQ and is not replayed twice by the same call.
+
+Only the DLQ's own group handles a replay (issue 27.7): the appended entry carries
+``dlq:replay-for = <group>`` (``message.REPLAY_FOR``), and members of every other group on the
+stream ACK it without running their handler (they still read it: one entry each). Members of
+the other groups must run a library that knows the field (rsc-dataplane with issue 27.7);
+an older one handles the replay like any message. Per-key order: a replayed message is
+appended at the end of its key's current shard, so its group handles it after every message
+of that key appended before the replay — including those that followed the original.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .message import REPLAY_FOR
 from .preflight import PreflightError, describe_group, stream_routing
 from .producer import Producer, Sent
 from .routing import DEFAULT_KEY_PREFIX, ShardKeys, parse_shard_id
@@ -36,7 +45,8 @@ DLQ_ERROR, DLQ_DELIVERIES, DLQ_ID, DLQ_SHARD, DLQ_GROUP = (
     "dlq:shard",
     "dlq:group",
 )
-_RUNTIME_FIELDS = frozenset((DLQ_ERROR, DLQ_DELIVERIES, DLQ_ID, DLQ_SHARD, DLQ_GROUP))
+# REPLAY_FOR too: a replay that failed again is tagged anew by the next replay.
+_RUNTIME_FIELDS = frozenset((DLQ_ERROR, DLQ_DELIVERIES, DLQ_ID, DLQ_SHARD, DLQ_GROUP, REPLAY_FOR))
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 
 
@@ -219,13 +229,16 @@ class DeadLetters:
     def replay(
         self, shard: str | None = None, limit: int | None = None
     ) -> list[tuple[DeadLetter, Sent]]:
-        """Re-append dead letters through the producer path, then delete them from the DLQ.
+        """Re-append dead letters through the producer path, tagged for this group only,
+        then delete them from the DLQ.
 
         Returns each replayed letter with where it was appended now.
         """
         done: list[tuple[DeadLetter, Sent]] = []
         for s, page in self._walk(shard, limit):
-            sent = self.producer.send_many([(letter.key, letter.fields) for letter in page])
+            sent = self.producer.send_many(
+                [(letter.key, {**letter.fields, REPLAY_FOR: self.group}) for letter in page]
+            )
             # Only now: a crash before this line leaves them in the DLQ (a duplicate on the
             # next replay), never lost.
             self.client.xdel(self.dlq_key(s), *[letter.id for letter in page])

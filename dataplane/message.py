@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+# A field ``dlq replay`` adds: the one group that is to handle the re-appended message. The
+# replay goes to the shared stream, which every group reads; members of the other groups ACK
+# such an entry without running their handler (issue 27.7, runtime ``Dispatcher``).
+REPLAY_FOR = "dlq:replay-for"
+
 
 class Message:
     """One stream entry. A plain slotted class: the runtime builds one per entry read, so it

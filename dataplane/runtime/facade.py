@@ -82,7 +82,7 @@ class Runtime:
             if self.is_async
             else ThreadWorkers(handler, *parts, ack_before=ack_before)
         )
-        dispatcher = Dispatcher(cfg.key_field, self.table, self.workers, self.acker)
+        dispatcher = Dispatcher(cfg.key_field, self.table, self.workers, self.acker, group)
         recovery = Recovery(
             self.client, group, consumer, cfg, self.table, dispatcher, self._stopping
         )

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from queue import SimpleQueue
 from typing import Any, Protocol
 
-from ..message import Message
+from ..message import REPLAY_FOR, Message
 from .acker import Acker, Fenced, Finished
 from .retry import Outcome, Retry, Tally
 from .shard_table import ShardState, ShardStatus, ShardTable
@@ -47,8 +47,11 @@ class Workers(Protocol):
 class Dispatcher:
     """Turns entries read from shards into Messages, counted in flight, one list per lane."""
 
-    def __init__(self, key_field: str, table: ShardTable, workers: Workers, acker: Acker) -> None:
+    def __init__(
+        self, key_field: str, table: ShardTable, workers: Workers, acker: Acker, group: str
+    ) -> None:
         self.key_field = key_field
+        self.group = group
         self.table = table
         self.workers = workers
         self.acker = acker
@@ -75,7 +78,7 @@ class Dispatcher:
         """Everything one read delivered, over several shards: each lane gets one hand-over
         (a list of batches), not one per shard. ``flat``: the fields are Redis's flat
         [field, value, ...] lists (turned into dicts here, in the same pass)."""
-        key_field = self.key_field
+        key_field, group = self.key_field, self.group
         lanes = self.workers.lanes
         per_lane: list[list[Batch]] = [[] for _ in range(lanes)]
         gone: list[Finished] = []
@@ -84,7 +87,9 @@ class Dispatcher:
             shard = st.shard
             msgs_by_lane: list[list[Message]] = [[] for _ in range(lanes)]
             to_lane = [msgs.append for msgs in msgs_by_lane]
-            dead: list[str] = []  # deleted/trimmed entries still in our PEL: nothing to run
+            # Deleted/trimmed entries still in our PEL, and another group's DLQ replay:
+            # nothing to run here, only to ACK.
+            dead: list[str] = []
             for entry in entries:
                 msg_id, fields = entry[0], entry[1]
                 if not fields:
@@ -93,6 +98,10 @@ class Dispatcher:
                 if flat:
                     it = iter(fields)
                     fields = dict(zip(it, it))  # noqa: B905 - pairs by construction
+                replay_for = fields.get(REPLAY_FOR)
+                if replay_for is not None and replay_for != group:
+                    dead.append(msg_id)
+                    continue
                 key = fields.get(key_field)
                 if key is None:
                     key = msg_id  # keyless: no order to keep, spread them

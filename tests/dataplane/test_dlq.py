@@ -87,7 +87,7 @@ def test_dlq_replay_routes_by_key_on_the_write_version_and_deletes_after_the_app
     for letter, sent in done:
         assert sent.shard == f"orders:2:{shard_index(hash64(letter.key), 4)}"
         entry = r.xrange(ShardKeys(sent.shard, prefix).stream, sent.id, sent.id)[0][1]
-        assert entry == {"key": letter.key, **letter.fields}
+        assert entry == {"key": letter.key, **letter.fields, "dlq:replay-for": GROUP}
     # Per key, the replay keeps the DLQ's order; a keyless letter is routed by its source id
     # (the key the runtime gave it).
     u1 = [sent for letter, sent in done if letter.key == "u1"]

@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 from dataplane.dlq import DeadLetters
+from groups.describe import describe_group
 from groups.models import ShardVersion, Stream
 from groups.resharding import start_reshard
+from groups.services import create_api_key, create_group
 
 from .cli import cli_env, one_line, run_cli
 from .conftest import MemberProc, World
@@ -47,7 +49,8 @@ class Poison(RuntimeError):
 
 
 def handle(msg):
-    if msg.fields.get("fail") == "always" and not r.exists(RESULTS + ":fixed"):
+    poisoned = os.environ.get("E2E_POISON", "1") == "1"  # "0": this member's group copes
+    if poisoned and msg.fields.get("fail") == "always" and not r.exists(RESULTS + ":fixed"):
         raise Poison(f"cannot handle {msg.key}")
     r.xadd(RESULTS, {"shard": msg.shard, "id": msg.id, "key": msg.key,
                      "seq": msg.fields.get("seq", ""), "member": os.environ["E2E_MEMBER"],
@@ -55,17 +58,22 @@ def handle(msg):
 """
 
 
-def start_member(world: World, cwd: Path, member_id: str) -> MemberProc:
-    """``python -m dataplane consume`` from ``cwd``, where its handler module is."""
+def start_member(
+    world: World, cwd: Path, member_id: str, group: str | None = None, api_key: str | None = None,
+    poison: bool = True,
+) -> MemberProc:
+    """``python -m dataplane consume`` from ``cwd``, where its handler module is (in
+    ``group``, default the world's; ``poison=False``: its handler copes with the poison)."""
     (cwd / "dlqhandler.py").write_text(HANDLER)
     log = world.log_dir / f"{member_id}.log"
     argv = [
         sys.executable, "-m", "dataplane", "consume", "--coordinator", world.server.url,
-        "--group", world.group, "--redis", world.redis_url, "--handler", "dlqhandler:handle",
+        "--group", group or world.group, "--redis", world.redis_url, "--handler", "dlqhandler:handle",
         "--member-id", member_id, "--block-ms", "200", "--max-deliveries", str(MAX_DELIVERIES),
     ]
     env = cli_env(E2E_REDIS_URL=world.redis_url, E2E_RESULTS=world.results_key,
-                  E2E_MEMBER=member_id, RSC_API_KEY=world.group_key)
+                  E2E_MEMBER=member_id, RSC_API_KEY=api_key or world.group_key,
+                  E2E_POISON="1" if poison else "0")
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
     m = MemberProc(member_id, proc, log)
@@ -235,3 +243,60 @@ def test_dlq_replay_after_a_reshard_lands_on_the_current_version(world: World, t
     for key in poison:
         recs = [r for r in world.results.records if r.key == key]
         assert [r.shard for r in recs] == [world.route(key, 4, version=2)], recs
+
+
+def test_i27_7_replay_of_one_groups_dlq_is_handled_by_that_group_only(world: World, tmp_path: Path) -> None:
+    """Two groups on one stream: group A dead-letters the poison, group B handles it at once.
+    A's replay re-appends to the shared stream: A handles it once more, B reads it and ACKs it
+    without running its handler (before issue 27.7, B handled every replayed message again)."""
+    world.create(2, **GROUP_CONFIG)
+    group_b = f"{world.group}-b"
+    create_group(group_b, world.stream, **GROUP_CONFIG)
+    key_b = create_api_key(group=group_b)
+    start_member(world, tmp_path, "a")
+    start_member(world, tmp_path, "b", group=group_b, api_key=key_b, poison=False)
+
+    def b_stable() -> bool:
+        doc = describe_group(group_b)
+        return bool(doc and doc["state"] == "STABLE" and [m["memberId"] for m in doc["members"]] == ["b"]
+                    and len(doc["members"][0]["assignedShards"]) == 2)
+
+    world.wait(lambda: world.stable_with({"a"}) and b_stable(), 30, "a and b STABLE in their groups")
+    poison = ["bad0", "bad1", "bad2"]
+    produce_with_poison(world, 10, poison)
+
+    def handled_by(member: str, key: str) -> int:
+        return sum(1 for r in world.results.records if r.member == member and r.key == key)
+
+    def first_round() -> bool:
+        world.results.poll()
+        return all(handled_by("b", k) == 1 for k in poison)
+
+    world.wait(first_round, 30, "b handled the poison messages")
+    wait_dead_lettered(world, 23, 3)
+
+    world.r.set(f"{world.results_key}:fixed", "1")
+    with dead_letters(world) as dl:
+        replayed = dl.replay()
+    assert sorted(letter.key for letter, _sent in replayed) == poison
+
+    def b_read_past_the_replay() -> bool:
+        for _letter, sent in replayed:
+            stream = world.keys(sent.shard).stream
+            info = {g["name"]: g for g in world.r.xinfo_groups(stream)}[group_b]
+            last = tuple(int(x) for x in info["last-delivered-id"].split("-"))
+            if last < tuple(int(x) for x in sent.id.split("-")) or info["pending"]:
+                return False
+        return True
+
+    def a_handled_replay() -> bool:
+        world.results.poll()
+        return all(handled_by("a", k) == 1 for k in poison)
+
+    world.wait(a_handled_replay, 30, "a handled the replayed messages")
+    world.wait(b_read_past_the_replay, 30, "b read past the replayed entries and ACKed them")
+    world.wait(lambda: world.total_pending() == 0, 20, "nothing pending in a's group")
+    world.results.poll()
+    for key in poison:
+        assert handled_by("b", key) == 1, [r for r in world.results.records if r.key == key]
+        assert handled_by("a", key) == 1
