@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.negotiation import BaseContentNegotiation
@@ -26,6 +27,7 @@ from groups.api_errors import error_body
 from groups.api_parsers import BoundedJSONParser
 from groups.metadata import rendered
 from groups.ratelimit import join_retry_after
+from members.intake import note_heartbeat_failed
 
 
 class JsonOnly(BaseContentNegotiation):
@@ -69,7 +71,13 @@ class HeartbeatView(APIView):
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Response:
         started = time.perf_counter()  # every outcome (auth, validation, core) is counted
-        response = super().dispatch(request, *args, **kwargs)
+        try:
+            response = super().dispatch(request, *args, **kwargs)
+        except (OperationalError, InterfaceError):  # coordinator_project.middleware's UNAVAILABLE_ERRORS
+            # Issue 27.3: unanswered because of the database, so the intake was down (L1/L2
+            # count no silence before now); the middleware answers the 503.
+            note_heartbeat_failed()
+            raise
         # The body only if the view parsed it: an unauthenticated body is never parsed for a log.
         record_heartbeat(kwargs.get("group", ""), getattr(self.request, "_full_data", None),
                          getattr(response, "data", None), time.perf_counter() - started,

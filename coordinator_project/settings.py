@@ -177,6 +177,9 @@ SWEEP_INTERVAL_SECONDS = float(os.environ.get("SWEEP_INTERVAL_SECONDS", "2"))
 # INTAKE_MAX_GAP_SECONDS is an outage, after which L1/L2 give every member a fresh session.
 INTAKE_BEACON_SECONDS = float(os.environ.get("INTAKE_BEACON_SECONDS", "1"))
 INTAKE_MAX_GAP_SECONDS = float(os.environ.get("INTAKE_MAX_GAP_SECONDS", max(5.0, 5 * INTAKE_BEACON_SECONDS)))
+# Issue 27.3: each stamp first takes the table locks a heartbeat needs (members.intake.probe_
+# heartbeat_tables, also /readyz); not granted within this long, the intake counts as down.
+INTAKE_PROBE_LOCK_TIMEOUT_MS = int(os.environ.get("INTAKE_PROBE_LOCK_TIMEOUT_MS", "1000"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -1,6 +1,9 @@
 """Health endpoints: /healthz does no I/O; /readyz checks what a heartbeat needs.
 
 Readiness (HTTP 200 vs 503) depends on the database alone: a heartbeat needs nothing else.
+Not only a connection: the table locks a heartbeat takes must be granted within
+INTAKE_PROBE_LOCK_TIMEOUT_MS (issue 27.3: a `LOCK TABLE groups_group` failed every heartbeat
+while `SELECT 1` answered), so a stalled table answers 503 within that time.
 Redis (Celery broker, seal markers) and sweep lag are reported as `degraded` information
 with status 200: a load balancer must not pull a working heartbeat API because Redis
 blinked or beat stalled (members would then go unheard, which is what L1 punishes).
@@ -23,7 +26,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from groups.models import SweepRun
-from members.intake import current_intake
+from members.intake import current_intake, probe_heartbeat_tables
 
 FAVICON = Path(__file__).with_name("static") / "favicon.ico"
 
@@ -53,6 +56,12 @@ def readyz(request: HttpRequest) -> JsonResponse:
         checks["database"] = "ok"
     except Exception as exc:  # any failure means not ready
         checks["database"] = f"error: {exc.__class__.__name__}"
+    if checks["database"] == "ok":
+        try:
+            probe_heartbeat_tables()
+        except Exception as exc:  # any failure means heartbeats fail too
+            checks["database"] = (f"error: heartbeat tables not lockable within "
+                                  f"{settings.INTAKE_PROBE_LOCK_TIMEOUT_MS} ms ({exc.__class__.__name__})")
     checks["redis"] = _check_redis()
     if checks["database"] == "ok":
         checks.update(_check_sweeps())
