@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dataplane.membership import Grant
 from dataplane.producer import Producer
-from dataplane.routing import ShardKeys, hash_range
+from dataplane.routing import ShardKeys, ShardVersion
 from dataplane.runtime import Runtime, RuntimeConfig
 
 
@@ -157,20 +157,6 @@ class RoutingStub:
 
 
 def producer_throughput(url: str, prefix: str, nshards: int, total: int, batch: int) -> float:
-    shards = []
-    for i in range(nshards):
-        sid = f"bp:1:{i}"
-        k = ShardKeys(sid, prefix)
-        shards.append(
-            {
-                "shardId": sid,
-                "index": i,
-                "redisKey": k.stream,
-                "sealKey": k.sealed,
-                "hashRange": [str(x) for x in hash_range(i, nshards)],
-                "parents": [],
-            }
-        )
     stub = RoutingStub(
         {
             "stream": "bp",
@@ -179,7 +165,7 @@ def producer_throughput(url: str, prefix: str, nshards: int, total: int, batch: 
             "state": "STABLE",
             "hash": "blake2b-64",
             "keyPrefix": prefix,
-            "versions": [{"version": 1, "state": "ACTIVE", "shardCount": nshards, "shards": shards}],
+            "versions": [ShardVersion("bp", 1, nshards, key_prefix=prefix).document()],
         }
     )
     p = Producer(stub.url, "bp", "bench", redis_url=url)

@@ -34,7 +34,7 @@ from typing import Any
 from .message import REPLAY_FOR
 from .preflight import PreflightError, describe_group, stream_routing
 from .producer import Producer, Sent
-from .routing import DEFAULT_KEY_PREFIX, ShardKeys, parse_shard_id
+from .routing import DEFAULT_KEY_PREFIX, ShardKeys, document_versions, parse_shard_id
 
 # The fields the runtime adds to a dead letter (runtime ``_to_dlq``); everything else is the
 # message's own.
@@ -165,9 +165,7 @@ class DeadLetters:
 
     def shards(self) -> list[str]:
         """Shards whose DLQ stream of this group exists, oldest version first."""
-        found = {
-            s["shardId"] for v in self._routing.get("versions", []) for s in v.get("shards", [])
-        }
+        found = {s for v in document_versions(self._routing) for s in v.shard_ids()}
         head, tail = f"{self.prefix}:{{", f"}}:dlq:{self.group}"
         pattern = f"{_glob_escape(head)}{_glob_escape(self.stream)}:*{_glob_escape(tail)}"
         for key in self.client.scan_iter(match=pattern, count=1000, _type="stream"):

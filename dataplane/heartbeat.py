@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .protocol import JOIN_EPOCH, RevokeState
-from .routing import DEFAULT_KEY_PREFIX, ShardKeys
+from .routing import DEFAULT_KEY_PREFIX, ShardKeys, document_versions, find_shard
 
 log = logging.getLogger(__name__)
 
@@ -65,20 +65,19 @@ def grant_from_metadata(
     prefix = md.get("keyPrefix") or DEFAULT_KEY_PREFIX
     start_position = md.get("startPosition") or "earliest"
     keys = ShardKeys(shard, prefix)
-    for version in md.get("versions") or []:
-        for info in version.get("shards") or []:
-            if info.get("shardId") != shard:
-                continue
-            first_version = not info.get("parents")
-            return Grant(
-                shard=shard,
-                grant_epoch=epoch,
-                member_id=member_id,
-                redis_key=info.get("redisKey") or keys.stream,
-                seal_key=info.get("sealKey") or keys.sealed,
-                start_id="$" if first_version and start_position == "latest" else "0",
-                key_prefix=prefix,
-            )
+    found = find_shard(document_versions(md), shard)
+    if found is not None:
+        version, index = found
+        keys = version.keys(index)
+        return Grant(
+            shard=shard,
+            grant_epoch=epoch,
+            member_id=member_id,
+            redis_key=keys.stream,
+            seal_key=keys.sealed,
+            start_id="$" if version.first and start_position == "latest" else "0",
+            key_prefix=version.key_prefix,
+        )
     # Not in the metadata we hold (should not happen: R7 syncs metadata first). Derive the
     # keys and start from "0": re-reading is at-least-once, skipping would lose messages.
     log.warning("granted shard %s is not in the metadata held (%s)", shard, md.get("metadataEpoch"))

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from . import scripts
 from .backoff import Backoff
 from .connections import redis_client
-from .routing import DEFAULT_KEY_PREFIX, HASH_ALGORITHM, ShardKeys, hash64, shard_index
+from .routing import HASH_ALGORITHM, ShardVersion, document_versions, hash64, shard_index
 from .transport import Transport
 
 log = logging.getLogger(__name__)
@@ -47,23 +47,17 @@ class RoutingTable:
         self.stream: str = doc["stream"]
         self.write_version: int = int(doc["writeVersion"])
         self.metadata_epoch: int = int(doc.get("metadataEpoch") or 0)
-        prefix = doc.get("keyPrefix") or DEFAULT_KEY_PREFIX
-        version = next(v for v in doc["versions"] if int(v["version"]) == self.write_version)
-        self.shard_count: int = int(version["shardCount"])
-        routes: list[Route | None] = [None] * self.shard_count
-        for info in version["shards"]:
-            keys = ShardKeys(info["shardId"], prefix)
-            routes[int(info["index"])] = Route(
-                info["shardId"],
-                info.get("redisKey") or keys.stream,
-                info.get("sealKey") or keys.sealed,
-            )
-        if any(r is None for r in routes):
-            raise ValueError(f"routing of {self.stream} v{self.write_version} misses shards")
-        self.routes: list[Route] = routes  # type: ignore[assignment]
+        # §6: the version, not a list of its shards; routes are derived (dataplane.routing).
+        version = next(v for v in document_versions(doc) if v.version == self.write_version)
+        self.version: ShardVersion = version
+        self.shard_count: int = version.shard_count
 
     def route(self, key: str) -> Route:
-        return self.routes[shard_index(hash64(key), self.shard_count)]
+        return self.route_of(shard_index(hash64(key), self.shard_count))
+
+    def route_of(self, index: int) -> Route:
+        keys = self.version.keys(index)
+        return Route(keys.shard_id, keys.stream, keys.sealed)
 
 
 class Producer:
@@ -171,7 +165,7 @@ class Producer:
         order: list[tuple[Route, list[tuple[int, str, list[Any]]]]] = []
         calls: list[tuple[scripts.Lua, list[str], list[Any]]] = []
         for idx, batch in by_shard.items():
-            route = table.routes[idx]
+            route = table.route_of(idx)
             args: list[Any] = [self.maxlen, len(batch)]
             for _i, _k, flat in batch:
                 args.append(len(flat))

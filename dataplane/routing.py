@@ -9,7 +9,9 @@ docstrings. The protocol's other words are in ``protocol``.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 HASH_ALGORITHM = "blake2b-64"
 DEFAULT_KEY_PREFIX = "rsc"
@@ -98,3 +100,111 @@ class ShardKeys:
 
     def idem(self, group: str, marker: str) -> str:
         return f"{self.base}:idem:{group}:{marker}"
+
+
+# ---- a shard version as the metadata describes it (PROTOCOL.md §3) ---------------------------
+# The coordinator's metadata and routing documents describe each live version by these fields
+# alone; every shard's id, keys, hash range and parents follow from them with the rules above,
+# so the documents stay a few hundred bytes per version whatever the shard count.
+@dataclass(frozen=True, slots=True)
+class ShardVersion:
+    """One shard version: ``stream``, ``version``, ``state``, ``shardCount``, the version its
+    shards' parents belong to (``parentVersion``, null for a stream's first version) with that
+    version's ``parentShardCount``, and the stream's ``keyPrefix``."""
+
+    stream: str
+    version: int
+    shard_count: int
+    state: str = "ACTIVE"
+    parent_version: int | None = None
+    parent_shard_count: int | None = None
+    key_prefix: str = DEFAULT_KEY_PREFIX
+
+    def shard_id(self, index: int) -> str:
+        if not 0 <= index < self.shard_count:
+            raise ValueError(f"shard index {index} out of range for {self.shard_count} shards")
+        return shard_id(self.stream, self.version, index)
+
+    def shard_ids(self) -> list[str]:
+        return [shard_id(self.stream, self.version, i) for i in range(self.shard_count)]
+
+    def index_of(self, shard: str) -> int | None:
+        """The index of ``shard`` in this version, None if it is not one of its shards."""
+        try:
+            stream, version, index = parse_shard_id(shard)
+        except ValueError:
+            return None
+        if stream != self.stream or version != self.version or not 0 <= index < self.shard_count:
+            return None
+        # "orders:3:07" parses as index 7 but is not the id of shard 7.
+        return index if shard_id(stream, version, index) == shard else None
+
+    def keys(self, index: int) -> ShardKeys:
+        return ShardKeys(self.shard_id(index), self.key_prefix)
+
+    def parents(self, index: int) -> list[str]:
+        """Shard ids of the parent version whose hash ranges overlap shard ``index``."""
+        if self.parent_version is None or self.parent_shard_count is None:
+            return []
+        return [
+            shard_id(self.stream, self.parent_version, p)
+            for p in parent_indexes(index, self.shard_count, self.parent_shard_count)
+        ]
+
+    @property
+    def first(self) -> bool:
+        """A stream's first version: its shards have no parents (a group's start position
+        applies to them; child versions are read from their start)."""
+        return self.parent_version is None
+
+    def document(self) -> dict[str, object]:
+        """This version's entry in the metadata and routing documents."""
+        return {
+            "stream": self.stream,
+            "version": self.version,
+            "state": self.state,
+            "shardCount": self.shard_count,
+            "parentVersion": self.parent_version,
+            "parentShardCount": self.parent_shard_count,
+            "keyPrefix": self.key_prefix,
+        }
+
+    @classmethod
+    def from_document(
+        cls, entry: Mapping[str, Any], stream: str, key_prefix: str = DEFAULT_KEY_PREFIX
+    ) -> ShardVersion:
+        """Read a version entry; ``stream`` and ``key_prefix`` are the document's, for entries
+        that do not repeat them. Also reads the first form, which listed every shard (its ids
+        and keys follow the same rules): its parent version is the one before, if any shard
+        named parents."""
+        version = int(entry["version"])
+        parent_version = entry.get("parentVersion")
+        parent_count = entry.get("parentShardCount")
+        old_form = "parentVersion" not in entry and entry.get("shards")
+        if old_form and any(s.get("parents") for s in entry["shards"]):
+            parent_version = version - 1
+        return cls(
+            stream=str(entry.get("stream") or stream),
+            version=version,
+            shard_count=int(entry["shardCount"]),
+            state=str(entry.get("state") or "ACTIVE"),
+            parent_version=None if parent_version is None else int(parent_version),
+            parent_shard_count=None if parent_count is None else int(parent_count),
+            key_prefix=str(entry.get("keyPrefix") or key_prefix),
+        )
+
+
+def document_versions(doc: Mapping[str, Any]) -> list[ShardVersion]:
+    """The live versions of a metadata (§3) or routing (§6) document, oldest first."""
+    stream = str(doc.get("stream") or "")
+    prefix = str(doc.get("keyPrefix") or DEFAULT_KEY_PREFIX)
+    return [ShardVersion.from_document(v, stream, prefix) for v in doc.get("versions") or ()]
+
+
+def find_shard(versions: Iterable[ShardVersion], shard: str) -> tuple[ShardVersion, int] | None:
+    """The version holding ``shard`` and its index there, None if no version does."""
+    for v in versions:
+        index = v.index_of(shard)
+        if index is not None:
+            return v, index
+    return None

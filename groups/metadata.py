@@ -9,8 +9,9 @@ from typing import Any
 
 from rest_framework.renderers import JSONRenderer
 
-from dataplane.routing import HASH_ALGORITHM, ShardKeys, hash_range
-from groups.models import Group, Shard, ShardVersion, Stream, VersionState
+from dataplane.routing import HASH_ALGORITHM
+from dataplane.routing import ShardVersion as RoutingVersion
+from groups.models import Group, ShardVersion, Stream, VersionState
 
 _cache: dict[tuple[str, int, int], dict[str, Any]] = {}
 # The JSON text of cached documents, by the document's id (the entry keeps the document alive,
@@ -19,30 +20,28 @@ _rendered: dict[int, tuple[dict[str, Any], bytes]] = {}
 
 
 def versions_document(stream: Stream) -> list[dict[str, Any]]:
-    versions = list(
-        ShardVersion.objects.filter(stream=stream).exclude(state=VersionState.RETIRED).order_by("version")
+    """Each live version by stream, version, state, shard count, parent version and key
+    prefix (§3): members and producers derive every shard's id, keys, hash range and parents
+    from these with ``dataplane.routing``, so the size does not grow with the shard count."""
+    rows = list(
+        ShardVersion.objects.filter(stream=stream).order_by("version").values_list("version", "shard_count", "state")
     )
-    shards_by_version: dict[int, list[Shard]] = {}
-    for shard in Shard.objects.filter(version__in=versions).order_by("index"):
-        shards_by_version.setdefault(shard.version_id, []).append(shard)
+    counts = {version: count for version, count, _ in rows}
+    first = rows[0][0] if rows else None
     return [
-        {
-            "version": v.version,
-            "state": v.state,
-            "shardCount": v.shard_count,
-            "shards": [
-                {
-                    "shardId": s.shard_id,
-                    "index": s.index,
-                    "redisKey": ShardKeys(s.shard_id, stream.key_prefix).stream,
-                    "sealKey": ShardKeys(s.shard_id, stream.key_prefix).sealed,
-                    "hashRange": list(hash_range(s.index, v.shard_count)),
-                    "parents": list(s.parents),
-                }
-                for s in shards_by_version.get(v.pk, [])
-            ],
-        }
-        for v in versions
+        RoutingVersion(
+            stream=stream.name,
+            version=version,
+            shard_count=count,
+            state=state,
+            # A version's shards have the previous version's as parents (resharding), except
+            # the stream's first version's.
+            parent_version=None if version == first else version - 1,
+            parent_shard_count=None if version == first else counts.get(version - 1),
+            key_prefix=stream.key_prefix,
+        ).document()
+        for version, count, state in rows
+        if state != VersionState.RETIRED
     ]
 
 
@@ -62,6 +61,7 @@ def group_metadata(group: Group) -> dict[str, Any]:
             "keyPrefix": stream.key_prefix,
             "streamState": stream.state,
             "writeVersion": stream.write_version,
+            "hash": HASH_ALGORITHM,
             "versions": versions_document(stream),
         }
         if len(_cache) > 1024:
@@ -92,9 +92,9 @@ def routing_document(stream: Stream) -> dict[str, Any]:
 def rendered(doc: dict[str, Any]) -> bytes | None:
     """The compact JSON text of a document this module returned (None for any other dict).
 
-    Every join and every R7 answer carries the group's whole metadata document (~800 KB for
-    4,096 shards): rendering it per answer cost ~7 ms of a worker's CPU, a join storm's largest
-    share. The document is the same until its metadataEpoch changes, so its text is too.
+    Every join and every R7 answer carries the group's whole metadata document (a few hundred
+    bytes per live version since it stopped listing shards; it was ~800 KB at 4,096 shards).
+    The document is the same until its metadataEpoch changes, so its text is too.
     """
     entry = _rendered.get(id(doc))
     if entry is not None and entry[0] is doc:

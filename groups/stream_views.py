@@ -20,21 +20,17 @@ from groups.models import Stream, StreamState, VersionState
 from groups.resharding import ReshardInProgress, StreamNotFound, start_reshard
 from groups.services import url_name_problem
 
-_shard = inline_serializer("RoutedShard", {
-    "shardId": serializers.CharField(),
-    "index": serializers.IntegerField(),
-    "redisKey": serializers.CharField(),
-    "sealKey": serializers.CharField(),
-    "hashRange": serializers.ListField(child=serializers.IntegerField(), min_length=2, max_length=2,
-                                       help_text="[lo, hi) of the 64-bit hash"),
-    "parents": serializers.ListField(child=serializers.CharField()),
-})
+# §3/§6: a version, not its shards; dataplane.routing.ShardVersion derives every shard's id,
+# Redis keys, hash range and parents from these fields.
 _version = inline_serializer("RoutedVersion", {
+    "stream": serializers.CharField(),
     "version": serializers.IntegerField(),
     "state": serializers.ChoiceField(choices=[s.value for s in VersionState if s != VersionState.RETIRED]),
-    "shardCount": serializers.IntegerField(),
-    "shards": _shard,
-})
+    "shardCount": serializers.IntegerField(help_text="shard i is '<stream>:<version>:<i>', i < shardCount"),
+    "parentVersion": serializers.IntegerField(allow_null=True, help_text="the version its shards' parents are in; null for the first"),
+    "parentShardCount": serializers.IntegerField(allow_null=True),
+    "keyPrefix": serializers.CharField(help_text="redisKey = '<keyPrefix>:{<shardId>}', sealKey = redisKey + ':sealed'"),
+}, many=True)
 _routing = inline_serializer("Routing", {
     "stream": serializers.CharField(),
     "writeVersion": serializers.IntegerField(),

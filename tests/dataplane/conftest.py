@@ -169,7 +169,9 @@ class FakeCoordinator:
             return 200, self.response(req, -1, [], {"metadataEpoch": 1})
         if req["memberEpoch"] == 0:
             self.epoch += 1
-        shards = [s["shardId"] for v in self.metadata["versions"] for s in v["shards"]]
+        from dataplane.routing import document_versions
+
+        shards = [s for v in document_versions(self.metadata) for s in v.shard_ids()]
         md = self.metadata if req["memberEpoch"] == 0 else {"metadataEpoch": 1}
         return 200, self.response(req, self.epoch, shards, md)
 
@@ -206,23 +208,11 @@ def routing_doc(stream: str, prefix: str, *versions: dict, write: int) -> dict:
 
 
 def version_doc(stream: str, version: int, count: int, prefix: str, parents: bool = False):
-    from dataplane.routing import ShardKeys, hash_range
+    """A version entry as the coordinator writes it (§3): its shape, not its shards."""
+    from dataplane.routing import ShardVersion
 
-    shards = []
-    for i in range(count):
-        sid = f"{stream}:{version}:{i}"
-        keys = ShardKeys(sid, prefix)
-        shards.append(
-            {
-                "shardId": sid,
-                "index": i,
-                "redisKey": keys.stream,
-                "sealKey": keys.sealed,
-                "hashRange": [str(x) for x in hash_range(i, count)],
-                "parents": [f"{stream}:{version - 1}:0"] if parents else [],
-            }
-        )
-    return {"version": version, "state": "ACTIVE", "shardCount": count, "shards": shards}
+    parent = (version - 1, 1) if parents else (None, None)
+    return ShardVersion(stream, version, count, "ACTIVE", *parent, key_prefix=prefix).document()
 
 
 @pytest.fixture

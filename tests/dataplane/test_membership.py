@@ -154,7 +154,10 @@ def _ok(epoch: int, assigned: list[str], member: str = "m-1", **extra: Any) -> d
     return body
 
 
-def _metadata(start: str) -> dict[str, Any]:
+def _metadata(start: str, form: str = "versions") -> dict[str, Any]:
+    """§3 metadata in its form ("versions": each version's shape) or the first form ("shards":
+    every shard listed), which a member still reads."""
+
     def shard(v: int, i: int, parents: list[str]) -> dict[str, Any]:
         sid = f"s:{v}:{i}"
         return {
@@ -165,6 +168,23 @@ def _metadata(start: str) -> dict[str, Any]:
             "parents": parents,
         }
 
+    if form == "shards":
+        versions: list[dict[str, Any]] = [
+            {"version": 1, "state": "SEALED", "shardCount": 1, "shards": [shard(1, 0, [])]},
+            {
+                "version": 2,
+                "state": "ACTIVE",
+                "shardCount": 2,
+                "shards": [shard(2, 0, ["s:1:0"]), shard(2, 1, ["s:1:0"])],
+            },
+        ]
+    else:
+        versions = [
+            {"stream": "s", "version": 1, "state": "SEALED", "shardCount": 1,
+             "parentVersion": None, "parentShardCount": None, "keyPrefix": "p"},
+            {"stream": "s", "version": 2, "state": "ACTIVE", "shardCount": 2,
+             "parentVersion": 1, "parentShardCount": 1, "keyPrefix": "p"},
+        ]  # fmt: skip
     return {
         "metadataEpoch": 3,
         "group": "g",
@@ -173,26 +193,22 @@ def _metadata(start: str) -> dict[str, Any]:
         "sessionTimeoutMs": 5000,
         "startPosition": start,
         "keyPrefix": "p",
-        "versions": [
-            {"version": 1, "state": "SEALED", "shardCount": 1, "shards": [shard(1, 0, [])]},
-            {
-                "version": 2,
-                "state": "ACTIVE",
-                "shardCount": 2,
-                "shards": [shard(2, 0, ["s:1:0"]), shard(2, 1, ["s:1:0"])],
-            },
-        ],
+        "versions": versions,
     }
 
 
+@pytest.mark.parametrize("form", ["versions", "shards"])
 @pytest.mark.parametrize(("start", "first_version_start"), [("latest", "$"), ("earliest", "0")])
-def test_grant_start_position_first_version_vs_child(start: str, first_version_start: str) -> None:
+def test_grant_start_position_first_version_vs_child(
+    start: str, first_version_start: str, form: str
+) -> None:
     m = Membership("m-1")
     m.poll(0)
-    m.on_response(1, 200, _ok(2, ["s:1:0", "s:2:1"], metadata=_metadata(start)))
+    m.on_response(1, 200, _ok(2, ["s:1:0", "s:2:1"], metadata=_metadata(start, form)))
     assert m.readable["s:1:0"].start_id == first_version_start
     assert m.readable["s:2:1"].start_id == "0"  # a child version starts from its beginning
     assert m.readable["s:2:1"].redis_key == "p:{s:2:1}"
+    assert m.readable["s:2:1"].seal_key == "p:{s:2:1}:sealed"
     assert m.session_timeout_ms == 5000
     assert m.heartbeat_interval_ms == 1000
 

@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 from dataplane.routing import (
     HASH_ALGORITHM,
     ShardKeys,
+    ShardVersion,
+    document_versions,
+    find_shard,
     hash64,
     hash_range,
     parse_shard_id,
@@ -68,3 +71,71 @@ def test_shard_keys_share_one_hash_tag() -> None:
     assert k.idem("g", "m1") == "rsc:{orders:3:5}:idem:g:m1"
     assert ShardKeys("a:1:0", prefix="x").stream == "x:{a:1:0}"
     assert parse_shard_id("my:stream:3:5") == ("my:stream", 3, 5)
+
+
+def derived(version: ShardVersion, index: int) -> dict[str, object]:
+    keys = version.keys(index)
+    return {
+        "index": index,
+        "shardId": keys.shard_id,
+        "redisKey": keys.stream,
+        "sealKey": keys.sealed,
+        "hashRange": [str(x) for x in hash_range(index, version.shard_count)],
+        "parents": version.parents(index),
+    }
+
+
+def test_i26_1_versions_derive_the_published_shards() -> None:
+    """§3: a version's shape alone derives each shard's id, keys, hash range and parents, as
+    docs/hash-test-vectors.json publishes them (16,384 shards over 4,096 parents included)."""
+    assert len(VECTORS["versions"]) >= 4
+    for case in VECTORS["versions"]:
+        version = ShardVersion.from_document(case["version"], stream="ignored")
+        assert version.document() == case["version"]  # the entry reads back as written
+        for shard in case["shards"]:
+            assert derived(version, shard["index"]) == shard
+            # An independent reading of "parents": the parent version's overlapping ranges.
+            lo, hi = (int(x) for x in shard["hashRange"])
+            if version.parent_version is None:
+                assert shard["parents"] == []
+            else:
+                n = version.parent_shard_count
+                assert n is not None
+                ranges = [hash_range(i, n) for i in range(n)]
+                overlapping = [i for i, (plo, phi) in enumerate(ranges) if plo < hi and lo < phi]
+                assert [parse_shard_id(p)[1:] for p in shard["parents"]] == [
+                    (version.parent_version, i) for i in overlapping
+                ]
+    full = [c for c in VECTORS["versions"] if len(c["shards"]) == c["version"]["shardCount"]]
+    assert full, "at least one version lists every shard"
+    for case in full:
+        version = ShardVersion.from_document(case["version"], stream="ignored")
+        assert version.shard_ids() == [s["shardId"] for s in case["shards"]]
+
+
+def test_i26_1_find_shard_only_names_shards_of_a_live_version() -> None:
+    doc = {"stream": "my:s", "keyPrefix": "x", "versions": [
+        {"version": 2, "state": "SEALED", "shardCount": 3, "parentVersion": None,
+         "parentShardCount": None},
+        {"version": 3, "state": "ACTIVE", "shardCount": 5, "parentVersion": 2,
+         "parentShardCount": 3},
+    ]}  # fmt: skip
+    versions = document_versions(doc)
+    assert [(v.stream, v.key_prefix) for v in versions] == [("my:s", "x"), ("my:s", "x")]
+    found = find_shard(versions, "my:s:3:4")
+    assert found is not None
+    assert (found[0].version, found[1]) == (3, 4)
+    assert found[0].keys(4).stream == "x:{my:s:3:4}"
+    for other in ("my:s:3:5", "my:s:1:0", "s:3:0", "my:s:3:04", "my:s:3:-1", "nonsense"):
+        assert find_shard(versions, other) is None, other
+
+
+def test_i26_1_first_form_with_listed_shards_still_reads() -> None:
+    """A coordinator of the first form listed every shard; a member reads it the same way."""
+    entry = {"version": 2, "state": "ACTIVE", "shardCount": 2, "shards": [
+        {"shardId": "s:2:0", "index": 0, "parents": ["s:1:0"]},
+        {"shardId": "s:2:1", "index": 1, "parents": ["s:1:0"]},
+    ]}  # fmt: skip
+    version = ShardVersion.from_document(entry, stream="s", key_prefix="p")
+    assert (version.parent_version, version.first, version.key_prefix) == (1, False, "p")
+    assert version.shard_ids() == ["s:2:0", "s:2:1"]

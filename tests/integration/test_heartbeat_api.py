@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from assignments.models import ShardAssignment
+from dataplane.routing import document_versions
 from groups.namespace import default_key_prefix
 from members.models import Member
 
@@ -34,11 +35,14 @@ def test_r1_join_over_http_returns_full_response(hb: Hb):
     assert md["metadataEpoch"] == 1
     assert md["stream"] == "orders"
     assert md["keyPrefix"] == default_key_prefix()
-    shard = md["versions"][0]["shards"][1]
-    assert shard == {
-        "shardId": "orders:1:1", "index": 1, "redisKey": f"{default_key_prefix()}:{{orders:1:1}}",
-        "sealKey": f"{default_key_prefix()}:{{orders:1:1}}:sealed", "hashRange": [2**62, 2**63], "parents": [],
-    }
+    # §3: the version, not its shards; the member derives each shard's keys (dataplane.routing).
+    assert md["versions"] == [{
+        "stream": "orders", "version": 1, "state": "ACTIVE", "shardCount": 4, "parentVersion": None,
+        "parentShardCount": None, "keyPrefix": default_key_prefix(),
+    }]
+    (version,) = document_versions(md)
+    assert version.keys(1).stream == f"{default_key_prefix()}:{{orders:1:1}}"
+    assert version.keys(1).sealed == f"{default_key_prefix()}:{{orders:1:1}}:sealed"
 
 
 def test_r1_join_answer_carries_the_cached_metadata_text_byte_for_byte(api, orders):

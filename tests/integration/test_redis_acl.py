@@ -71,9 +71,8 @@ class Routing:
     def routing(self, stream: str) -> dict[str, Any]:
         return {"stream": "orders", "writeVersion": 1, "metadataEpoch": 1, "state": "STABLE",
                 "hash": "blake2b-64", "keyPrefix": "rsc",
-                "versions": [{"version": 1, "state": "ACTIVE", "shardCount": 1, "shards": [
-                    {"shardId": SHARD, "index": 0, "redisKey": KEYS.stream, "sealKey": KEYS.sealed,
-                     "hashRange": [0, 2**64], "parents": []}]}]}
+                "versions": [{"stream": "orders", "version": 1, "state": "ACTIVE", "shardCount": 1,
+                              "parentVersion": None, "parentShardCount": None, "keyPrefix": "rsc"}]}
 
     def close(self) -> None:
         pass

@@ -24,9 +24,9 @@ from assignments.models import ShardAssignment
 from assignments.services import heartbeat
 from coordination.model import HeartbeatRequest, RevokeReport
 from dataplane.protocol import RevokeState
-from dataplane.routing import ShardKeys, hash_range, shard_id
+from dataplane.routing import ShardKeys, document_versions, hash_range, shard_id
 from groups.describe import describe_group
-from groups.models import Event, Group, ShardVersion, Stream
+from groups.models import Event, Group, Shard, ShardVersion, Stream
 from groups.namespace import default_key_prefix
 from groups.resharding import start_reshard
 from groups.services import create_api_key, create_group
@@ -174,13 +174,18 @@ def test_s6_reshard_end_to_end(api: APIClient, stream_redis: redis.Redis, old: i
     doc = routing(api, fx)
     assert (doc["state"], doc["writeVersion"], doc["hash"]) == ("PREPARING", 2, "blake2b-64")
     assert [(v["version"], v["state"], v["shardCount"]) for v in doc["versions"]] == [(1, "ACTIVE", old), (2, "ACTIVE", new)]
-    for shard in doc["versions"][1]["shards"]:
-        lo, hi = shard["hashRange"]
-        assert [lo, hi] == list(hash_range(shard["index"], new))
-        expected = [p["shardId"] for p in doc["versions"][0]["shards"]
-                    if p["hashRange"][0] < hi and lo < p["hashRange"][1]]
-        assert shard["parents"] == expected
-        assert shard["sealKey"] == ShardKeys(shard["shardId"], default_key_prefix()).sealed
+    # The versions' shape (§3) derives the shards' ids, parents and keys the database holds.
+    parent, child = document_versions(doc)
+    assert (child.parent_version, child.parent_shard_count) == (1, old)
+    db_parents = dict(Shard.objects.filter(version__stream__name=stream, version__version=2)
+                      .values_list("shard_id", "parents"))
+    assert child.shard_ids() == v2
+    assert parent.shard_ids() == v1
+    for j in range(new):
+        lo, hi = hash_range(j, new)
+        expected = [v1[i] for i in range(old) if hash_range(i, old)[0] < hi and lo < hash_range(i, old)[1]]
+        assert child.parents(j) == expected == db_parents[v2[j]]
+        assert child.keys(j).sealed == ShardKeys(v2[j], default_key_prefix()).sealed
     assert describe_group(fx.group)["streamState"] == "PREPARING"
 
     # R7: behind on metadata → SYNC_METADATA with the full document, then OK; no child yet.
@@ -320,8 +325,8 @@ def _member_thread(group: str, member_id: str, stop: threading.Event, errors: li
             assert result.metadata is not None
             epoch, metadata_epoch = r.member_epoch, result.metadata["metadataEpoch"]
             if "versions" in result.metadata:
-                sealed = {s["shardId"] for v in result.metadata["versions"] if v["state"] == "SEALED"
-                          for s in v["shards"]}
+                sealed = {s for v in document_versions(result.metadata) if v.state == "SEALED"
+                          for s in v.shard_ids()}
             to_revoke = list(r.assignment.revoking)
             owned = [s for s in owned if s in r.assignment.assigned]
             if r.status == "OK":
