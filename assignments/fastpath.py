@@ -2,7 +2,9 @@
 
 A heartbeat of a STABLE member at the current assignment and metadata epochs, reporting no
 revocations or drains and claiming only shards it is granted, changes nothing but liveness:
-the core answers OK with its granted shards (R3, R4, R6 with nothing to do). Two ways to
+the core answers OK with its granted shards (R3, R4, R6 with nothing to do), or PAUSED while
+the group is paused (§11; a pause is a locked write, so it raises state_version like any other
+and every process's next steady answer sees it). Two ways to
 answer it, both exact, both falling back to the locked path whenever a condition fails:
 
 1. From this process's snapshot of the group (`assignments.store`), when one read of the
@@ -78,7 +80,8 @@ _SQL = f"""
 WITH me AS (
     SELECT m.{_c(MemberRow, "id")} AS id, g.{_c(Group, "assignment_epoch")} AS assignment_epoch,
            g.{_c(Group, "heartbeat_interval_ms")} AS heartbeat_interval_ms,
-           g.{_c(Group, "metadata_epoch")} AS metadata_epoch
+           g.{_c(Group, "metadata_epoch")} AS metadata_epoch,
+           g.{_c(Group, "paused_at")} IS NOT NULL AS paused
       FROM {_G} AS g
       JOIN {_M} AS m ON m.{_c(MemberRow, "group")} = g.{_c(Group, "id")} AND m.{_c(MemberRow, "member_id")} = %s
      WHERE g.{_c(Group, "name")} = %s
@@ -105,7 +108,7 @@ WITH me AS (
        AND (%s::text[] IS NULL OR %s::text[] <@ granted.shards)
     RETURNING m.{_c(MemberRow, "id")}
 )
-SELECT me.assignment_epoch, me.heartbeat_interval_ms, me.metadata_epoch, granted.shards
+SELECT me.assignment_epoch, me.heartbeat_interval_ms, me.metadata_epoch, granted.shards, me.paused
   FROM stamped, me, granted
 """
 
@@ -377,7 +380,8 @@ def _from_snapshot(group_pk: int, snap: store.Snapshot, req: HeartbeatRequest, n
         reported = member.last_reported_owned
         response = engine.heartbeat(state, req, now)
         changes = state.changes
-        if (response.status != Status.OK or response.full_metadata or changes.group or changes.shards
+        steady_status = Status.PAUSED if state.paused_at is not None else Status.OK  # §11
+        if (response.status != steady_status or response.full_metadata or changes.group or changes.shards
                 or changes.events or changes.members != {req.member_id}):
             keep = False  # not a liveness-only answer after all: forget the snapshot
             return None
@@ -412,7 +416,7 @@ def _by_statement(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAns
     return SteadyAnswer(
         HeartbeatResponse(
             error_code=engine.ErrorCode.NONE,
-            status=Status.OK,
+            status=Status.PAUSED if row[4] else Status.OK,  # §11
             member_id=req.member_id,
             member_epoch=req.member_epoch,
             assignment_epoch=row[0],

@@ -287,6 +287,8 @@ def _load(
         rebalanced_at=group.rebalanced_at,
         rebalance_due_at=group.rebalance_due_at,
         rebalance_deferred_at=group.rebalance_deferred_at,
+        paused_at=group.paused_at,
+        paused_by=group.paused_by,
         members=members,
         shards=shards,
         partial=partial,
@@ -617,6 +619,8 @@ def load_for_heartbeat(
         state.rebalanced_at = group.rebalanced_at
         state.rebalance_due_at = group.rebalance_due_at
         state.rebalance_deferred_at = group.rebalance_deferred_at
+        state.paused_at = group.paused_at
+        state.paused_by = group.paused_by
         state.changes = Changes()
         snap.loaded.group = group
 
@@ -728,13 +732,15 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
     group.rebalanced_at = state.rebalanced_at
     group.rebalance_due_at = state.rebalance_due_at
     group.rebalance_deferred_at = state.rebalance_deferred_at
+    group.paused_at, group.paused_by = state.paused_at, state.paused_by
     adapt = connection.ops.adapt_datetimefield_value  # SQLite: naive UTC text
     writes.add(
         f"UPDATE {Group._meta.db_table} SET group_epoch = %s, assignment_epoch = %s,"
         " state_version = %s, rebalanced_at = %s, rebalance_due_at = %s,"
-        " rebalance_deferred_at = %s WHERE id = %s",
+        " rebalance_deferred_at = %s, paused_at = %s, paused_by = %s WHERE id = %s",
         [state.group_epoch, state.assignment_epoch, version, adapt(state.rebalanced_at),
-         adapt(state.rebalance_due_at), adapt(state.rebalance_deferred_at), group.pk],
+         adapt(state.rebalance_due_at), adapt(state.rebalance_deferred_at),
+         adapt(state.paused_at), state.paused_by, group.pk],
     )
     if version % ANALYZE_EVERY == 0 and connection.vendor == "postgresql":
         transaction.on_commit(_analyze_hot_tables)

@@ -1,5 +1,5 @@
-"""Heartbeat rules R1–R9, the liveness rules L1/L2 (PROTOCOL.md §4–§6) and static membership
-R1s/R2s/L1s (§9).
+"""Heartbeat rules R1–R9, the liveness rules L1/L2 (PROTOCOL.md §4–§6), static membership
+R1s/R2s/L1s (§9) and the group pause (§11).
 
 Every function takes the group's snapshot (`GroupState`, loaded under the group's lock),
 mutates it through its methods, and returns the protocol answer. Errors are decided before
@@ -9,7 +9,7 @@ Each rule lives in the function named after it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from coordination.assignor import assign, reassign
@@ -54,6 +54,10 @@ def _error(code: ErrorCode, message: str, member_id: str | None) -> HeartbeatRes
 # --- entry point ---------------------------------------------------------------------------
 def heartbeat(state: GroupState, req: HeartbeatRequest, now: datetime) -> HeartbeatResponse:
     """Apply one heartbeat to the group (the caller holds the group's lock)."""
+    return s11_paused_answer(state, _heartbeat(state, req, now))
+
+
+def _heartbeat(state: GroupState, req: HeartbeatRequest, now: datetime) -> HeartbeatResponse:
     if req.member_epoch == LEAVE_EPOCH:
         return r2_leave(state, req, now)
     if req.member_epoch == TEMPORARY_LEAVE_EPOCH:
@@ -439,6 +443,39 @@ def r6_reconcile(state: GroupState, member: Member, now: datetime, *, drain_only
     pending = target - state.granted_to(mid)
     member.status = MemberStatus.PENDING if pending else MemberStatus.STABLE
     return Status.OK
+
+
+# --- §11 group pause -------------------------------------------------------------------------
+def s11_paused_answer(state: GroupState, response: HeartbeatResponse) -> HeartbeatResponse:
+    """§11: while the group is paused every accepted heartbeat of a member that stays (joins
+    and regular ones; not leaves) is answered PAUSED, with the assignment R6 gave it as for OK:
+    grants and revocations go on, the member reads nothing until another status."""
+    if (state.paused_at is None or response.error_code != ErrorCode.NONE
+            or response.member_epoch is None or response.member_epoch <= 0):
+        return response
+    return replace(response, status=Status.PAUSED)
+
+
+def s11_pause(state: GroupState, now: datetime, actor: str) -> bool:
+    """§11: pause the group (no shard moves, no epoch changes). False: it was paused already."""
+    if state.paused_at is not None:
+        return False
+    state.paused_at, state.paused_by = now, actor
+    state.touch_group()
+    state.emit("paused", actor=actor)
+    return True
+
+
+def s11_resume(state: GroupState, now: datetime, actor: str) -> bool:
+    """§11: resume a paused group: answers are OK again and members read from where they
+    stopped. False: it was not paused."""
+    if state.paused_at is None:
+        return False
+    paused_ms = int((now - state.paused_at).total_seconds() * 1000)
+    state.paused_at, state.paused_by = None, ""
+    state.touch_group()
+    state.emit("resumed", actor=actor, pausedMs=max(0, paused_ms))
+    return True
 
 
 # --- R7 metadata -----------------------------------------------------------------------------

@@ -151,6 +151,9 @@ class GroupState:
     rebalanced_at: datetime | None = None
     rebalance_due_at: datetime | None = None
     rebalance_deferred_at: datetime | None = None
+    # §11 group pause: since when (None: not paused) and who paused it.
+    paused_at: datetime | None = None
+    paused_by: str = ""
     members: dict[str, Member] = field(default_factory=dict)
     shards: dict[str, ShardSlot] = field(default_factory=dict)
     changes: Changes = field(default_factory=Changes)

@@ -6,12 +6,15 @@ from assignments.views import HeartbeatView
 from coordinator_project import views
 from coordinator_project.metrics import metrics_view
 from groups.stream_views import ReshardView, RoutingView
-from groups.views import DescribeGroupView
+from groups.views import DescribeGroupView, PauseGroupView, ResumeGroupView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/groups/<str:group>/heartbeat", HeartbeatView.as_view(), name="heartbeat"),
     path("api/v1/groups/<str:group>", DescribeGroupView.as_view(), name="describe-group"),
+    # group pause (§11), with the stream admin key
+    path("api/v1/groups/<str:group>/pause", PauseGroupView.as_view(), name="pause-group"),
+    path("api/v1/groups/<str:group>/resume", ResumeGroupView.as_view(), name="resume-group"),
     # producer routing and resharding (§6)
     path("api/v1/streams/<str:stream>/routing", RoutingView.as_view(), name="stream-routing"),
     path("api/v1/streams/<str:stream>/reshard", ReshardView.as_view(), name="stream-reshard"),

@@ -205,6 +205,7 @@ class Consumer:
                         # it cannot have expired us before sent_at + session timeout.
                         rt.read_deadline = sent_at + m.session_timeout_ms / 1000
                 self._apply(actions)
+                rt.set_paused(m.paused)  # §11
                 if m.left:
                     return
                 continue

@@ -72,6 +72,9 @@ class Membership:
         self.last_status: str | None = None
         self.last_error: str | None = None
         self.replaced: InstanceReplaced | None = None  # R1s: a newer process took our instanceId
+        # §11: the last accepted answer was PAUSED: the runtime reads nothing (no new entries,
+        # no pending recovery) until an answer with another status; ownership is kept.
+        self.paused = False
 
         self._in_flight: dict[str, Any] | None = None
         self._last_accepted_ms: int | None = None
@@ -85,8 +88,8 @@ class Membership:
 
     @property
     def readable(self) -> dict[str, Grant]:
-        """Shards the runtime may read now."""
-        return dict(self.owned)
+        """Shards the runtime may read now (none while the group is paused, §11)."""
+        return {} if self.paused else dict(self.owned)
 
     @property
     def revoking_in_progress(self) -> list[str]:
@@ -209,7 +212,16 @@ class Membership:
         if revoked_never_held(self.owned, self.revoking, coord_revoking):
             self._urgent = True
         r5_forget_processed_revoked(self.revoking, req.get("revokingShards") or [], coord_revoking)
-        if status == Status.OK and not self.leaving:
+        if status == Status.PAUSED and not self.paused:
+            msg = "group paused: member %s finishes in-flight work, then reads nothing"
+            log.info(msg, self.member_id)
+        elif self.paused and status != Status.PAUSED:
+            log.info("group resumed: member %s reads again", self.member_id)
+        self.paused = status == Status.PAUSED
+        # C2 on OK; §11: a shard granted while paused is owned too, and read after the resume.
+        # Any other status (SYNC_METADATA, REVOKE_PENDING, one this library does not know) is
+        # drain-only (C3): nothing new is taken.
+        if status in (Status.OK, Status.PAUSED) and not self.leaving:
             c2_c3_take_new(self.owned, self.revoking, assigned, actions, metadata=self.metadata,
                            epoch=epoch, member_id=self.member_id)  # fmt: skip
         self.drained &= set(self.owned) | set(self.revoking)

@@ -83,6 +83,9 @@ class Status(StrEnum):
     OK = "OK"  # new grants allowed (C2)
     SYNC_METADATA = "SYNC_METADATA"  # drain-only until the member holds the current metadata
     REVOKE_PENDING = "REVOKE_PENDING"  # drain-only until the member reports REVOKED
+    # §11: the operator paused the group: grants and revocations proceed, but the member reads
+    # nothing (no XREADGROUP, no pending recovery) until an answer with another status.
+    PAUSED = "PAUSED"
 
 
 class RevokeState(StrEnum):

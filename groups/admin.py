@@ -36,6 +36,8 @@ from groups.services import (
     GROUP_CONFIG_FIELDS,
     ServiceError,
     create_group,
+    pause_group,
+    resume_group,
     update_group_config,
     validate_group_config,
 )
@@ -209,13 +211,13 @@ class GroupAdmin(admin.ModelAdmin):
     form = GroupForm
     list_display = (
         "name", "stream", "live_members", "group_epoch", "assignment_epoch", "metadata_epoch",
-        "heartbeat_interval_ms", "session_timeout_ms", "matrix_link",
+        "heartbeat_interval_ms", "session_timeout_ms", "paused", "matrix_link",
     )
     list_filter = ("stream",)
     search_fields = ("name", "stream__name")
     list_select_related = ("stream",)
-    actions = ["reset_position_action"]
-    epoch_fields = ("group_epoch", "assignment_epoch", "metadata_epoch", "created_at")
+    actions = ["reset_position_action", "pause_action", "resume_action"]
+    epoch_fields = ("group_epoch", "assignment_epoch", "metadata_epoch", "created_at", "paused_at", "paused_by")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Group]:
         return selectors.with_live_member_counts(super().get_queryset(request))
@@ -244,6 +246,38 @@ class GroupAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Group | None = None) -> bool:
         return False  # deleting a group would drop members' fencing state without the core
+
+    @admin.display(description="paused", boolean=True, ordering="paused_at")
+    def paused(self, obj: Group) -> bool:
+        return obj.paused_at is not None
+
+    # --- pause and resume (§11) -------------------------------------------------------------
+    @admin.action(description="Pause: members finish in-flight work, then read nothing (keep shards)",
+                  permissions=["reset"])
+    def pause_action(self, request: HttpRequest, queryset: QuerySet[Group]) -> None:
+        self._pause_or_resume(request, queryset, pause=True)
+
+    @admin.action(description="Resume: members of a paused group read again", permissions=["reset"])
+    def resume_action(self, request: HttpRequest, queryset: QuerySet[Group]) -> None:
+        self._pause_or_resume(request, queryset, pause=False)
+
+    def _pause_or_resume(self, request: HttpRequest, queryset: QuerySet[Group], *, pause: bool) -> None:
+        if not self.has_reset_permission(request):
+            raise PermissionDenied
+        done, unchanged = [], []
+        for name in queryset.values_list("name", flat=True):
+            try:
+                changed = (pause_group if pause else resume_group)(name, actor=actor_of(request))
+            except ServiceError as exc:
+                self.message_user(request, f"{name}: {exc}", messages.ERROR)
+                continue
+            (done if changed else unchanged).append(name)
+        verb = "paused" if pause else "resumed"
+        if done:
+            self.message_user(request, f"{verb}: {', '.join(done)}", messages.SUCCESS)
+        if unchanged:
+            state = "already paused" if pause else "not paused"
+            self.message_user(request, f"{state}: {', '.join(unchanged)}", messages.INFO)
 
     @admin.display(description="live members", ordering="live_count")
     def live_members(self, obj: Group) -> int:

@@ -96,6 +96,10 @@ def describe_document(group: Group, state: GroupState, stats: shardstats.GroupSt
         "groupEpoch": state.group_epoch,
         "assignmentEpoch": state.assignment_epoch,
         "metadataEpoch": state.metadata_epoch,
+        # §11: a paused group's members hold their shards but read nothing.
+        "paused": group.paused_at is not None,
+        "pausedAt": group.paused_at.isoformat() if group.paused_at else None,
+        "pausedBy": group.paused_by or None,
         "members": members,
         "shards": shards,
         "totals": {"lag": stats.lag, "pending": stats.pending, "dlq": stats.dlq},

@@ -98,6 +98,9 @@ class Group(models.Model):
     rebalanced_at = models.DateTimeField(null=True, blank=True, editable=False)
     rebalance_due_at = models.DateTimeField(null=True, blank=True, editable=False)
     rebalance_deferred_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # §11 group pause (coordination.engine.s11_pause): since when (null: not paused), by whom.
+    paused_at = models.DateTimeField(null=True, blank=True, editable=False)
+    paused_by = models.CharField(max_length=150, blank=True, default="", editable=False)
 
     class Meta:
         # "Groups" alone reads like django.contrib.auth's groups in the admin.

@@ -8,6 +8,7 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -17,7 +18,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from assignments.models import ShardAssignment
-from assignments.store import lock_group
+from assignments.store import load_state, lock_group, save_state
+from coordination import engine
+from coordination.model import GroupState
 from coordinator_project import dbpool
 from coordinator_project.named_locks import NamedLocks
 from dataplane.routing import shard_id
@@ -424,3 +427,32 @@ def update_group_config(name: str, /, *, actor: str, **fields: object) -> Group:
         extra={"event": "config_changed", "group": name, "groupEpoch": group.group_epoch},
     )
     return group
+
+
+# --- group pause (§11) ------------------------------------------------------------------------
+def pause_group(name: str, /, *, actor: str, now: datetime | None = None) -> bool:
+    """§11: pause a group: members finish what they hold, then read nothing, keeping their
+    shards and heartbeats. False when it was paused already (nothing changes)."""
+    return _pause_or_resume(name, engine.s11_pause, actor, now)
+
+
+def resume_group(name: str, /, *, actor: str, now: datetime | None = None) -> bool:
+    """§11: resume a paused group. False when it was not paused (nothing changes)."""
+    return _pause_or_resume(name, engine.s11_resume, actor, now)
+
+
+def _pause_or_resume(
+    name: str, rule: Callable[[GroupState, datetime, str], bool], actor: str, now: datetime | None
+) -> bool:
+    now = now or timezone.now()
+    with transaction.atomic():
+        group = lock_group(name)
+        if group is None:
+            raise ServiceError(f"group {name!r} does not exist")
+        state, loaded = load_state(group)
+        changed = rule(state, now, actor)
+        if changed:
+            # A locked write: it raises the group's state_version, so every process's steady
+            # path (assignments.fastpath) sees the pause on its next heartbeat.
+            save_state(state, loaded, now, actor=actor)
+    return changed

@@ -1,4 +1,4 @@
-"""GET /api/v1/groups/{group} (describe, §10)."""
+"""GET /api/v1/groups/{group} (describe, §10); POST .../pause and .../resume (§11)."""
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema, inline_serializer
@@ -7,12 +7,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from assignments.serializers import ErrorBodySerializer
 from coordination.liveness import Liveness
 from coordination.model import LIVE_STATUSES, GroupPhase, MemberStatus, ShardState
 from dataplane.protocol import ErrorCode
 from groups.access import authorize_group
 from groups.api_errors import error_body
+from groups.auth import require_scope
 from groups.describe import describe_group
+from groups.errors import ServiceError
+from groups.models import Group
+from groups.services import pause_group, resume_group, url_name_problem
 
 _shard_list = serializers.ListField(child=serializers.CharField())
 _member = inline_serializer("DescribedMember", {
@@ -57,6 +62,9 @@ _described = inline_serializer("DescribedGroup", {
     "groupEpoch": serializers.IntegerField(),
     "assignmentEpoch": serializers.IntegerField(),
     "metadataEpoch": serializers.IntegerField(),
+    "paused": serializers.BooleanField(help_text="§11: members hold their shards and read nothing"),
+    "pausedAt": serializers.DateTimeField(allow_null=True),
+    "pausedBy": serializers.CharField(allow_null=True, help_text="who paused it (cli:<user>, admin:<user>, api-key:<id>)"),
     "members": serializers.ListField(child=_member),
     "shards": serializers.ListField(child=_shard),
     "totals": inline_serializer("DescribedTotals", {
@@ -85,3 +93,61 @@ class DescribeGroupView(APIView):
         if doc is None:
             return Response(error_body(ErrorCode.GROUP_ID_NOT_FOUND, f"group {group!r} does not exist"), 404)
         return Response(doc)
+
+
+_paused = inline_serializer("GroupPauseState", {
+    "group": serializers.CharField(),
+    "paused": serializers.BooleanField(),
+    "changed": serializers.BooleanField(help_text="false: it already was in that state"),
+    "pausedAt": serializers.DateTimeField(allow_null=True),
+})
+
+
+class _PauseView(APIView):
+    """§11 over HTTP, with the admin key of the group's stream (the key that may reshard it)."""
+
+    pause = True
+
+    def post(self, request: Request, group: str) -> Response:
+        scope = require_scope(request)
+        problem = url_name_problem("group", group)
+        if problem is not None:
+            return Response(error_body(ErrorCode.INVALID_REQUEST, problem), 400)
+        row = Group.objects.select_related("stream").filter(name=group).first()
+        if row is None:
+            return Response(error_body(ErrorCode.GROUP_ID_NOT_FOUND, f"group {group!r} does not exist"), 404)
+        if not scope.may_reshard(row.stream.name):
+            return Response(error_body(
+                ErrorCode.AUTHORIZATION_FAILED,
+                f"pausing or resuming group {group!r} needs the admin key of stream {row.stream.name!r}",
+            ), 403)
+        action = pause_group if self.pause else resume_group
+        try:
+            changed = action(group, actor=f"api-key:{scope.key_id}")
+        except ServiceError as exc:  # deleted meanwhile
+            return Response(error_body(ErrorCode.GROUP_ID_NOT_FOUND, str(exc)), 404)
+        row.refresh_from_db(fields=["paused_at"])
+        return Response({"group": group, "paused": row.paused_at is not None, "changed": changed,
+                         "pausedAt": row.paused_at.isoformat() if row.paused_at else None})
+
+
+_PAUSE_RESPONSES = {200: _paused, 400: ErrorBodySerializer, 401: ErrorBodySerializer,
+                    403: ErrorBodySerializer, 404: ErrorBodySerializer}
+
+
+class PauseGroupView(_PauseView):
+    pause = True
+
+    @extend_schema(request=None, responses=_PAUSE_RESPONSES,
+                   summary="Pause a group: members finish in-flight work, then read nothing (stream admin key; §11)")
+    def post(self, request: Request, group: str) -> Response:
+        return super().post(request, group)
+
+
+class ResumeGroupView(_PauseView):
+    pause = False
+
+    @extend_schema(request=None, responses=_PAUSE_RESPONSES,
+                   summary="Resume a paused group: members read again from where they stopped (stream admin key; §11)")
+    def post(self, request: Request, group: str) -> Response:
+        return super().post(request, group)

@@ -159,6 +159,18 @@ class Runtime:
         self.table.enqueue(StopShard(shard, ShardStatus.ABORTED))
         self.reader.wake_up()
 
+    def set_paused(self, paused: bool) -> None:
+        """§11: while paused the reader makes no new reads and runs no pending recovery on any
+        shard; what is in flight is still handled and ACKed, and control ops (grants, revokes)
+        still apply, so a revoked shard reaches in-flight 0 and a granted one is set up."""
+        if self.reader.paused != paused:
+            self.reader.paused = paused
+            self.reader.wake_up()  # interrupts a blocking wait at once
+
+    @property
+    def paused(self) -> bool:
+        return self.reader.paused
+
     def in_flight(self, shard: str) -> int:
         """Messages of the shard read but not finished (ACKed or dropped), plus one while a
         read that covers it is outstanding: entries that read delivers land in our PEL."""

@@ -68,6 +68,7 @@ class Reader:
         # The session lease (time.monotonic() seconds), kept by the Consumer: see
         # Runtime.read_deadline. inf: no lease (direct use).
         self.read_deadline = float("inf")
+        self.paused = False  # §11: the group is paused: apply control ops, read nothing
         self.thread = threading.Thread(target=self._loop, name="dp-reader", daemon=True)
 
     def wake_up(self) -> None:
@@ -84,7 +85,7 @@ class Reader:
         while not self.stopping.is_set():
             try:
                 self._apply_control()
-                if time.monotonic() >= self.read_deadline:
+                if self.paused or time.monotonic() >= self.read_deadline:
                     self.wake.wait(0.05)
                     self.wake.clear()
                     continue

@@ -568,3 +568,63 @@ def test_r1s_static_member_whose_session_lapsed_asks_before_rejoining() -> None:
     assert ask is not None
     assert ask["memberEpoch"] == 3
     assert ask["ownedShards"] == []
+
+
+# ---- §11 group pause ---------------------------------------------------------------------------
+
+
+def _answer(m: Membership, now: int, body: dict[str, Any]) -> Actions:
+    req = m.poll(now)
+    assert req is not None
+    return m.on_response(now + 1, 200, body)
+
+
+def test_s11_paused_keeps_ownership_reads_nothing_and_resumes() -> None:
+    m = Membership("m-1")
+    _answer(m, 0, _ok(2, ["s:1:0"]))
+    assert sorted(m.readable) == ["s:1:0"]
+    assert not m.paused
+    actions = _answer(m, 2000, _ok(2, ["s:1:0"], status="PAUSED"))
+    assert not actions  # nothing aborted or revoked: the shard stays ours
+    assert m.paused
+    assert m.readable == {}
+    assert sorted(m.owned) == ["s:1:0"]
+    req = m.poll(4000)
+    assert req is not None
+    assert req["ownedShards"] == ["s:1:0"]
+    m.on_response(4001, 200, _ok(2, ["s:1:0"]))
+    assert not m.paused
+    assert sorted(m.readable) == ["s:1:0"]
+
+
+def test_s11_a_shard_granted_while_paused_is_owned_but_not_readable() -> None:
+    m = Membership("m-1")
+    _answer(m, 0, _ok(2, ["s:1:0"], status="PAUSED"))
+    assert sorted(m.owned) == ["s:1:0"]
+    assert m.readable == {}
+    actions = _answer(m, 2000, _ok(3, ["s:1:0", "s:1:1"], status="PAUSED"))
+    assert [g.shard for g in actions.grant] == ["s:1:1"]  # set up (fence, group), not read
+    assert m.readable == {}
+    _answer(m, 4000, _ok(3, ["s:1:0", "s:1:1"]))
+    assert sorted(m.readable) == ["s:1:0", "s:1:1"]
+
+
+def test_s11_a_shard_revoked_while_paused_is_reported_revoked_when_in_flight_is_zero() -> None:
+    m = Membership("m-1")
+    _answer(m, 0, _ok(2, ["s:1:0", "s:1:1"]))
+    actions = _answer(m, 2000, _ok(3, ["s:1:0"], status="PAUSED", assignment={
+        "assignedShards": ["s:1:0"], "pendingShards": [], "revokingShards": ["s:1:1"]}))
+    assert actions.revoke == ["s:1:1"]
+    m.revocation_finished("s:1:1")
+    req = m.poll(2002)  # urgent: reported at once
+    assert req is not None
+    assert req["revokingShards"] == [{"shard": "s:1:1", "state": "REVOKED"}]
+
+
+def test_s11_an_unknown_status_is_drain_only() -> None:
+    m = Membership("m-1")
+    _answer(m, 0, _ok(2, ["s:1:0"]))
+    actions = _answer(m, 2000, _ok(3, ["s:1:0", "s:1:1"], status="SOMETHING_NEW"))
+    assert actions.grant == []  # nothing new is taken
+    assert sorted(m.readable) == ["s:1:0"]
+    assert not m.paused

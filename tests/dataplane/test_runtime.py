@@ -519,3 +519,51 @@ def fenced_reader(
     finally:
         client.connection_pool.release(conn)
         client.close()
+
+
+def test_s11_paused_runtime_finishes_in_flight_then_reads_and_recovers_nothing(
+    r, prefix, start_runtime
+) -> None:
+    """§11: paused, the runtime finishes and ACKs the message in progress, takes nothing new
+    into its PEL (no read, no recovery of others' pending entries), still applies grants; after
+    the resume it reads everything, in order."""
+    shard, second = "s:1:0", "s:1:1"
+    keys, keys2 = ShardKeys(shard, prefix), ShardKeys(second, prefix)
+    release, started = threading.Event(), threading.Event()
+    got: list[str] = []
+
+    def handler(msg: Message) -> None:
+        if msg.fields["n"] == "0":
+            started.set()
+            assert release.wait(10)
+        got.append(f"{msg.shard}/{msg.fields['n']}")
+
+    rt = start_runtime(handler, workers=1)
+    rt.grant(make_grant(prefix, shard))
+    wait_until(lambda: rt.status(shard) == "ACTIVE", what="shard active")
+    r.xadd(keys.stream, {"key": "a", "n": "0"})
+    assert started.wait(10)
+    rt.set_paused(True)
+    release.set()
+    wait_until(
+        lambda: rt.in_flight(shard) == 0 and pending(r, keys.stream) == 0,
+        what="in-flight finished and ACKed",
+    )
+    for n in range(1, 6):
+        r.xadd(keys.stream, {"key": "a", "n": str(n)})
+    # Others' pending entries on a shard granted while paused: not claimed while paused.
+    r.xgroup_create(keys2.stream, "g", id="0", mkstream=True)
+    r.xadd(keys2.stream, {"key": "b", "n": "7"})
+    r.xreadgroup("g", "old-owner", {keys2.stream: ">"}, count=1)
+    rt.grant(make_grant(prefix, second))
+    # The grant is applied (fence raised, group ready): the reader has run turns since the
+    # entries were added, and read none of them.
+    wait_until(lambda: rt.status(second) == "RECOVERING", what="grant applied while paused")
+    assert got == [f"{shard}/0"]
+    assert pending(r, keys.stream) == 0
+    assert group_info(r, keys.stream)["last-delivered-id"] == r.xrange(keys.stream)[0][0]
+    assert r.xpending(keys2.stream, "g")["consumers"] == [{"name": "old-owner", "pending": 1}]
+    rt.set_paused(False)
+    wait_until(lambda: len(got) == 7, what="everything read after the resume")
+    assert [g for g in got if g.startswith(shard)] == [f"{shard}/{n}" for n in range(6)]
+    assert f"{second}/7" in got

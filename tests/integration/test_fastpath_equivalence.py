@@ -32,7 +32,7 @@ from coordination.model import GroupState, HeartbeatRequest, RevokeReport
 from dataplane.protocol import ErrorCode, RevokeState
 from groups.models import Group
 from groups.resharding import advance_resharding, start_reshard
-from groups.services import ServiceError, create_group, create_stream
+from groups.services import ServiceError, create_group, create_stream, pause_group, resume_group
 from members.services import fence_member
 
 pytestmark = [pytest.mark.needs_postgres,
@@ -94,7 +94,7 @@ def comparable(state: GroupState) -> tuple:
         for s in state.shards.values()
     }
     return (state.group_epoch, state.assignment_epoch, state.metadata_epoch, state.max_members,
-            members, slots)
+            state.paused_at, members, slots)
 
 
 def check_snapshot_is_the_database(group_name: str) -> None:
@@ -120,6 +120,8 @@ steps = st.lists(
         st.tuples(st.just("settle"), st.just(""), st.booleans()),
         st.tuples(st.just("settle"), st.just(""), st.booleans()),
         st.tuples(st.just("fence"), st.sampled_from(MEMBERS), st.booleans()),
+        st.tuples(st.just("pause"), st.just(""), st.booleans()),  # §11
+        st.tuples(st.just("resume"), st.just(""), st.booleans()),
     ),
     min_size=5, max_size=30,
 )
@@ -145,11 +147,24 @@ _MEMO_HISTORY = [
 ]
 
 
+# §11: a pause and a resume by another process between steady heartbeats answered from this
+# process's snapshot: the very next steady answer must say PAUSED (and then OK) again.
+_PAUSE_HISTORY = [
+    ("join", "a", False), ("join", "b", False), ("settle", "", False), ("settle", "", False),
+    ("beat", "a", "steady"), ("beat", "a", "steady"), ("beat", "b", "steady"),
+    ("pause", "", True), ("beat", "a", "steady"), ("beat", "b", "null-owned"), ("beat", "a", "steady"),
+    ("join", "c", False), ("settle", "", False), ("settle", "", False), ("beat", "c", "steady"),
+    ("resume", "", True), ("beat", "a", "steady"), ("beat", "c", "steady"),
+    ("pause", "", False), ("beat", "b", "steady"), ("resume", "", False), ("beat", "b", "steady"),
+]
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(history=steps)
 @example(history=_STEADY_HISTORY)
 @example(history=_MEMO_HISTORY)
+@example(history=_PAUSE_HISTORY)
 def test_fast_path_and_snapshots_answer_exactly_as_the_locked_core(history, stream_redis):
     n = next(_names)
     stream, group = f"rs-fp{n}", f"fp{n}"
@@ -171,6 +186,9 @@ def test_fast_path_and_snapshots_answer_exactly_as_the_locked_core(history, stre
                     fence_member(group, arg, now=now)
             except ServiceError:
                 pass
+        elif op in ("pause", "resume"):
+            with other_process() if flag else nullcontext():
+                (pause_group if op == "pause" else resume_group)(group, actor="test", now=now)
         elif op == "settle":  # every member heartbeats as the data plane does, a few rounds
             for _ in range(4):
                 for member, sim in sims.items():

@@ -81,9 +81,9 @@ class Client:
         self.metadata_epoch = self.state.metadata_epoch
         a = r.assignment
         assert a is not None
-        # C1: stop what left assignedShards; C2/C3: take new ones only from OK.
+        # C1: stop what left assignedShards; C2/C3: take new ones only from OK (or PAUSED, §11).
         self.owned = [s for s in self.owned if s in a.assigned or s in a.revoking]
-        if r.status == "OK":
+        if r.status in ("OK", "PAUSED"):
             self.owned = sorted(set(self.owned) | set(a.assigned))
 
 

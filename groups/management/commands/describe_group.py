@@ -46,6 +46,9 @@ class Command(BaseCommand):
             f"groupEpoch={doc['groupEpoch']} assignmentEpoch={doc['assignmentEpoch']} "
             f"metadataEpoch={doc['metadataEpoch']}"
         )
+        if doc["paused"]:
+            out(f"PAUSED since {doc['pausedAt']} by {doc['pausedBy'] or '-'}: members read nothing until"
+                f" resume_group {doc['group']}")
         redis, totals = doc["redis"], doc["totals"]
         if redis["ok"]:
             out(f"TOTAL LAG {totals['lag']}  PENDING {totals['pending']}  DLQ {totals['dlq']}  (as of {redis['asOf']})")
