@@ -107,10 +107,28 @@ DATABASES = {"default": _default}
 DB_CONNECT_TIMEOUT = env_int("DB_CONNECT_TIMEOUT", 3)  # seconds (libpq's minimum is 2)
 DB_STATEMENT_TIMEOUT_MS = env_int("DB_STATEMENT_TIMEOUT_MS", 10_000)  # 0: none (e.g. a long migrate)
 DB_RETRY_AFTER_SECONDS = env_int("DB_RETRY_AFTER_SECONDS", 2)  # Retry-After of that 503
+# Deadlines under the gevent worker (coordinator_project.wsgi_guard, issues 27.1 and 27.4): the
+# whole body must arrive within BODY_READ_TIMEOUT_SECONDS (else 408); a request not done within
+# its deadline is dropped, not applied, and answers 503. The API's matches the member
+# library's read timeout (5 s): past it the member has given up and will retry.
+BODY_READ_TIMEOUT_SECONDS = float(os.environ.get("BODY_READ_TIMEOUT_SECONDS", "10"))
+REQUEST_DEADLINE_SECONDS = float(os.environ.get("REQUEST_DEADLINE_SECONDS", "5"))
+READYZ_DEADLINE_SECONDS = float(os.environ.get("READYZ_DEADLINE_SECONDS", "3"))
+OTHER_REQUEST_DEADLINE_SECONDS = float(os.environ.get("OTHER_REQUEST_DEADLINE_SECONDS", "30"))
+# Issue 27.4: a connection whose peer vanished (host down, network cut) fails within about
+# DB_TCP_TIMEOUT seconds instead of waiting for the kernel's 2 hours (keepalives) or ~15 min
+# (unacknowledged data). A server that is alive at the TCP level but silent is the request
+# deadline's job (REQUEST_DEADLINE_SECONDS, coordinator_project.wsgi_guard).
+DB_TCP_TIMEOUT = env_int("DB_TCP_TIMEOUT", 10)
 if _default["ENGINE"].endswith("postgresql"):
     _default["OPTIONS"] = {
         **_default.get("OPTIONS", {}),
         "connect_timeout": DB_CONNECT_TIMEOUT,
+        "keepalives": 1,
+        "keepalives_idle": max(1, DB_TCP_TIMEOUT // 2),
+        "keepalives_interval": max(1, DB_TCP_TIMEOUT // 6),
+        "keepalives_count": 3,
+        "tcp_user_timeout": DB_TCP_TIMEOUT * 1000,
         "options": " ".join(filter(None, [
             _default.get("OPTIONS", {}).get("options", ""), f"-c statement_timeout={DB_STATEMENT_TIMEOUT_MS}",
         ])),
@@ -144,12 +162,15 @@ if env_bool("DB_POOL") and _default["ENGINE"].endswith("postgresql"):
     # "liveness" (the lock-free steady heartbeat) gets more.
     _POOL_SIZES = {"default": env_int("DB_POOL_DEFAULT_MAX_SIZE", 2), "liveness": env_int("DB_POOL_MAX_SIZE", 4)}
     for _name, _db in DATABASES.items():
+        # Django's backend with a pool that answers 503 at once while the database refuses or
+        # drops connections, instead of after DB_POOL_TIMEOUT (coordinator_project.postgresql).
+        _db["ENGINE"] = "coordinator_project.postgresql"
         _db["CONN_MAX_AGE"] = 0  # Django's pool requires it: the pool keeps them open
         _db["OPTIONS"] = {**_db["OPTIONS"], "pool": {
             "min_size": _POOL_SIZES[_name],  # opened full: no growth under a burst
             "max_size": _POOL_SIZES[_name],
             # A queue for the connection (bursts of joins wait here, not in the listen backlog as
-            # with sync workers); with the database down, the 503 comes after this long.
+            # with sync workers). With the database down, the 503 comes at once (FailFastPool).
             "timeout": float(os.environ.get("DB_POOL_TIMEOUT", 15)),
         }}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

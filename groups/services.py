@@ -7,6 +7,7 @@ import hashlib
 import logging
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,6 @@ from assignments.store import load_state, lock_group, save_state
 from coordination import engine
 from coordination.model import GroupState
 from coordinator_project import dbpool
-from coordinator_project.named_locks import NamedLocks
 from dataplane.routing import shard_id
 from groups.errors import ServiceError
 from groups.models import (
@@ -186,7 +186,17 @@ LAST_USED_EVERY = timedelta(minutes=1)
 MAX_GRACE_SECONDS = 30 * 86_400
 _key_cache: dict[str, tuple[float, KeyScope]] = {}
 _unknown_keys: dict[str, float] = {}
-_loading = NamedLocks()  # key digest → its lookup in flight
+class _KeyFlight:
+    """A key lookup in flight: its waiters get its scope, or its error."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.scope: KeyScope | None = None
+        self.error: BaseException | None = None
+
+
+_flights: dict[str, _KeyFlight] = {}  # key digest → its lookup in flight
+_flights_guard = threading.Lock()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -303,16 +313,26 @@ def resolve_api_key(raw: str) -> KeyScope | None:
         return scope
     # One lookup per key at a time in this process: when the cached entry expires, a gevent
     # worker may hold hundreds of requests of that key (a join storm with a connection per
-    # member), and each would query and queue for one of the worker's two connections.
-    with _loading[digest]:
-        known, scope = _cached_key(digest)  # looked up while this request waited
-        if known:
-            return scope
-        try:
-            scope = _load_key(digest)
-        finally:
-            _loading.discard(digest)  # its waiters hold it; later requests find the cache
-        dbpool.release()  # a request may wait long after this (the group's gate, a shared read)
+    # member), and each would query and queue for one of the worker's two connections. The
+    # others wait for that lookup and share its outcome, its failure too: with the database
+    # down, a lock here made them fail one after another, each after its own wait (issue 27.4).
+    with _flights_guard:
+        flight = _flights.get(digest)
+        leader = flight is None
+        if flight is None:
+            flight = _flights[digest] = _KeyFlight()
+    if not leader:
+        flight.done.wait()
+        if flight.error is not None:
+            raise flight.error
+        return flight.scope
+    try:
+        scope = _load_key(digest)
+    except BaseException as exc:
+        flight.error = exc
+        raise
+    else:
+        flight.scope = scope
         now = time.monotonic()  # fresh from the answer, however long the lookup took
         if scope is None:
             _key_cache.pop(digest, None)
@@ -323,7 +343,12 @@ def resolve_api_key(raw: str) -> KeyScope | None:
             if len(_key_cache) >= KEY_CACHE_MAX:
                 _key_cache.clear()
             _key_cache[digest] = (now + KEY_CACHE_SECONDS, scope)
-        return scope
+    finally:
+        with _flights_guard:
+            _flights.pop(digest, None)  # later requests find the cache (or look up afresh)
+        flight.done.set()
+    dbpool.release()  # a request may wait long after this (the group's gate, a shared read)
+    return scope
 
 
 def _cached_key(digest: str) -> tuple[bool, KeyScope | None]:

@@ -1,0 +1,133 @@
+"""Django's PostgreSQL backend with a pool that fails fast when the database is unreachable.
+
+psycopg_pool queues a request for up to its `timeout` (DB_POOL_TIMEOUT, 15 s): right for a
+burst, wrong for an outage. With PostgreSQL refusing connections, every request of a gevent
+worker waited out those 15 s before its 503 (issue 24.4), and a database that accepts and
+never answers did the same (issue 27.4). `FailFastPool` notes whether its latest connection
+attempt failed; while it did and no connection is idle, a request gets the 503 at once, and a
+failed attempt also fails every request already queued. Its background reconnections retry at
+least every RECONNECT_DELAY_CAP seconds for as long as it takes (psycopg_pool's own back-off
+doubles up to minutes and then gives up), so the first request after the database is back
+finds a connection within about a second.
+
+It also bounds the rollback of a connection handed back inside a transaction: on a frozen
+server it would otherwise wait forever in the greenlet that returns it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import gevent
+from django.db.backends.postgresql import base
+from psycopg import Connection
+from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool.pool import AddConnection, MaintenanceTask
+
+log = logging.getLogger(__name__)
+
+RECONNECT_DELAY_CAP = 1.0  # seconds between reconnection attempts during an outage, at most
+ROLLBACK_TIMEOUT = 2.0  # seconds a returned connection's rollback may take before it is closed
+
+
+class Unreachable(PoolTimeout):
+    """The latest connection attempt failed: the 503 at once, not after the pool's timeout."""
+
+
+class FailFastPool(ConnectionPool[Connection[Any]]):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Never give up reconnecting (the default gives up after 5 minutes and then shrinks).
+        kwargs.setdefault("reconnect_timeout", 10 * 365 * 86400.0)
+        super().__init__(*args, **kwargs)
+        self.unreachable: str | None = None  # the latest connection attempt's error, if it failed
+
+    def getconn(self, timeout: float | None = None) -> Connection[Any]:
+        timeout = self.timeout if timeout is None else timeout
+        self._check_open_getconn()
+        try:
+            return self._getconn_with_check_loop(time.monotonic() + timeout)
+        except Unreachable:
+            raise
+        except PoolTimeout:
+            raise PoolTimeout(f"couldn't get a connection after {timeout:.2f} s") from None
+
+    def _getconn_with_check_loop(self, deadline: float) -> Connection[Any]:
+        # As psycopg_pool's, except that a connection failing its check is followed by the next
+        # one at once (psycopg_pool sleeps 1 s or more first), and that nobody queues while
+        # the latest connection attempt failed. Reading two attributes without the pool's lock
+        # is fine: a stale answer costs one queued request or one early 503, not a wrong
+        # connection.
+        while True:
+            if self.unreachable is not None and not self._pool:
+                raise Unreachable(f"the database is unreachable: {self.unreachable}")
+            conn = self._getconn_unchecked(deadline - time.monotonic())
+            try:
+                self._check_connection(conn)
+            except Exception:
+                self._putconn(conn, from_getconn=True)  # discarded; a new one is being made
+                continue
+            except BaseException:
+                self._putconn(conn, from_getconn=True)
+                raise
+            return conn
+
+    def _connect(self, timeout: float | None = None) -> Connection[Any]:
+        try:
+            conn = super()._connect(timeout)
+        except Exception as exc:
+            first = self.unreachable is None
+            lines = str(exc).strip().splitlines()
+            self.unreachable = f"{exc.__class__.__name__}: {lines[0] if lines else ''}"
+            if first:
+                log.warning("database unreachable from pool %r (%s): requests answer 503 until it is back",
+                            self.name, self.unreachable)
+            with self._lock:
+                waiting = list(self._waiting)
+                self._waiting.clear()
+            for client in waiting:
+                client.fail(Unreachable(f"the database is unreachable: {self.unreachable}"))
+            raise
+        if self.unreachable is not None:
+            log.warning("database reachable again from pool %r", self.name)
+        self.unreachable = None
+        return conn
+
+    def schedule_task(self, task: MaintenanceTask, delay: float) -> None:
+        if isinstance(task, AddConnection):
+            delay = min(delay, RECONNECT_DELAY_CAP)
+        super().schedule_task(task, delay)
+
+    def _reset_connection(self, conn: Connection[Any]) -> None:
+        timer = gevent.Timeout(ROLLBACK_TIMEOUT, TimeoutError("rollback of a returned connection timed out"))
+        timer.start()
+        try:
+            super()._reset_connection(conn)
+        except TimeoutError as exc:
+            log.warning("%s: discarding the connection", exc)
+            conn.pgconn.finish()  # closes the socket without a word to the server
+        finally:
+            timer.close()
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    @property
+    def pool(self) -> FailFastPool | None:  # type: ignore[override]
+        pool_options = self.settings_dict["OPTIONS"].get("pool")
+        if self.alias == base.NO_DB_ALIAS or not pool_options:
+            return None
+        if self.alias not in self._connection_pools:
+            # As Django's own (django.db.backends.postgresql.base), with FailFastPool.
+            connect_kwargs = self.get_connection_params()
+            connect_kwargs["autocommit"] = True
+            pool = FailFastPool(
+                kwargs=connect_kwargs,
+                open=False,
+                configure=self._configure_connection,
+                check=ConnectionPool.check_connection if self.settings_dict["CONN_HEALTH_CHECKS"] else None,
+                **({} if pool_options is True else pool_options),
+            )
+            self._connection_pools.setdefault(self.alias, pool)
+        return self._connection_pools[self.alias]  # type: ignore[no-any-return]
+
+
