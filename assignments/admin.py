@@ -1,4 +1,4 @@
-"""ShardAssignment rows, read-only: the core writes them (through assignments.store.save_state)."""
+"""ShardAssignment rows, read-only: the core writes them (through assignments.writer.save_state)."""
 from __future__ import annotations
 
 from django.contrib import admin

@@ -19,9 +19,9 @@ from assignments.store import (
     load_state,
     lock_and_load,
     lock_group,
-    save_state,
     snapshots_enabled,
 )
+from assignments.writer import save_state
 from coordination import engine
 from coordination.model import (
     Changes,

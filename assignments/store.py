@@ -1,12 +1,12 @@
-"""Load a group's protocol state from the database and persist what the core changed.
+"""Load a group's protocol state from the database, and keep this process's snapshots of it.
 
-The only code that turns rows into `coordination.model` objects and back. Callers hold the
-group's row lock (`lock_group`) for the whole load → core → save sequence.
+The only code that turns rows into `coordination.model` objects; `assignments.writer` writes
+what the core changed back (the one writer). Callers hold the group's row lock (`lock_group`)
+for the whole load → core → save sequence.
 """
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -17,18 +17,15 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
-from django.utils import timezone
 
 from assignments.models import ShardAssignment
 from coordination.model import LIVE_STATUSES, Changes, GroupState, Member, MemberStatus, ShardSlot
 from coordinator_project import dbpool
 from coordinator_project.named_locks import NamedLocks
-from groups.models import Event, Group, Shard, Stream, VersionState
+from groups.models import Group, Shard, Stream, VersionState
 from members.models import Member as MemberRow
 
 _LIVE = [s.value for s in LIVE_STATUSES]
-event_log = logging.getLogger("coordinator.events")
 
 
 @dataclass
@@ -550,7 +547,7 @@ def lock_and_load(
     pk = _pk_by_name.get(group_name)
     fetched = _Prefetch(_checkout(pk) if pk is not None else None)
     found: list[tuple] = []
-    batch = _Batch()
+    batch = Batch()
     batch.add(_LOCK_SQL, [group_name], found.extend)
     if fetched.snap is not None:
         version = fetched.snap.version
@@ -645,19 +642,7 @@ def load_for_heartbeat(
     return snap.state, snap.loaded
 
 
-# After a burst of locked writes (a join storm writes a group's rows in seconds) the planner
-# must not keep planning on statistics of the empty tables until autovacuum comes, if it is
-# on at all: every ANALYZE_EVERY-th write of a group analyzes the member and slot tables
-# (tens of ms, after the commit, outside the lock).
-ANALYZE_EVERY = 500
-
-
-def _analyze_hot_tables() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {MemberRow._meta.db_table}, {ShardAssignment._meta.db_table}")
-
-
-class _Batch:
+class Batch:
     """Statements sent in one round trip, in order (the lock with its reads; one save's writes). On PostgreSQL they go out as one multi-statement
     execute, one round trip (a client-side cursor; each statement's rows come back in order,
     reached with nextset()): under a join storm every round trip inside the group lock was a
@@ -694,208 +679,3 @@ class _Batch:
                 cursor.execute(sql, params)
                 if on_rows is not None:
                     on_rows(cursor.fetchall())
-
-
-def _prep(model: type, values: dict[str, object]) -> tuple[list[str], list[object]]:
-    """Columns and database values of model fields, as the ORM would write them."""
-    fields = [model._meta.get_field(name) for name in values]  # type: ignore[attr-defined]
-    return ([f.column for f in fields],
-            [f.get_db_prep_save(values[f.name], connection) for f in fields])
-
-
-def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = "", *, commit: bool = False) -> None:
-    """Write the dirty group, member and slot rows and the events, in that order, in one
-    round trip (`_Batch`). `commit`: the caller's transaction ends with these writes, and on
-    PostgreSQL its COMMIT rides in the same round trip (not when it is nested in another
-    transaction, as in tests: that one stays open)."""
-    changes = state.changes
-    group = loaded.group
-    writes = _Batch()
-    commit = commit and connection.vendor == "postgresql" and len(connection.atomic_blocks) == 1
-    if not (changes.group or changes.members or changes.shards):
-        _save_events(writes, state, loaded, actor)
-        writes.run(commit=commit)
-        return
-    if not changes.granted and connection.vendor == "postgresql":
-        # Only a grant must be on disk before its answer (R9 across a crash: a member may start
-        # reading at once). A write that grants nothing (a batched join, a leave, a recompute,
-        # a revocation) commits without waiting for the WAL flush: lost in a crash, it costs a
-        # rejoin or a repeated revocation, and any later grant's synchronous commit flushes it
-        # first (WAL order). Under a join storm the fsyncs were what the group lock waited on.
-        writes.add("SET LOCAL synchronous_commit TO OFF", [])
-    # One new state_version per locked write, on the group row and on every row written
-    # (load_for_heartbeat's snapshots catch up by it). The caller holds the group lock.
-    version = group.state_version + 1
-    group.state_version = version
-    group.group_epoch = state.group_epoch
-    group.assignment_epoch = state.assignment_epoch
-    group.rebalanced_at = state.rebalanced_at
-    group.rebalance_due_at = state.rebalance_due_at
-    group.rebalance_deferred_at = state.rebalance_deferred_at
-    group.paused_at, group.paused_by = state.paused_at, state.paused_by
-    adapt = connection.ops.adapt_datetimefield_value  # SQLite: naive UTC text
-    writes.add(
-        f"UPDATE {Group._meta.db_table} SET group_epoch = %s, assignment_epoch = %s,"
-        " state_version = %s, rebalanced_at = %s, rebalance_due_at = %s,"
-        " rebalance_deferred_at = %s, paused_at = %s, paused_by = %s WHERE id = %s",
-        [state.group_epoch, state.assignment_epoch, version, adapt(state.rebalanced_at),
-         adapt(state.rebalance_due_at), adapt(state.rebalance_deferred_at),
-         adapt(state.paused_at), state.paused_by, group.pk],
-    )
-    if version % ANALYZE_EVERY == 0 and connection.vendor == "postgresql":
-        transaction.on_commit(_analyze_hot_tables)
-    table = MemberRow._meta.db_table
-    upserted: set[str] = set()
-    # Removed members first: a replacement (§9 R1s) takes over the old one's instanceId, which
-    # the unique constraint allows only once the old row is no longer live.
-    for mid in sorted(changes.members, key=lambda mid: (state.members[mid].live, mid)):
-        m = state.members[mid]
-        values: dict[str, object] = dict(
-            status=m.status.value,
-            member_epoch=m.member_epoch,
-            previous_member_epoch=m.previous_member_epoch,
-            client_id=m.client_id,
-            rebalance_timeout_ms=m.rebalance_timeout_ms,
-            last_heartbeat_at=m.last_heartbeat_at,
-            revocation_deadline=m.revocation_deadline,
-            fenced_reason=m.fenced_reason,
-            fenced_by=m.fenced_by,
-            instance_id=m.instance_id,
-        )
-        if m.joined_at is not None:
-            values["joined_at"] = m.joined_at
-        if m.last_reported_owned is not None:  # None: not loaded, leave the column alone
-            values["last_reported_owned"] = list(m.last_reported_owned)
-        pk = loaded.member_pk.get(mid)
-        if pk is None:
-            upserted.add(mid)
-            # A tombstone not loaded (or a new member): upsert by the natural key, in one
-            # statement; a new row gets the model's defaults for what the core left unset.
-            update = [MemberRow._meta.get_field(name).column for name in [*values, "state_version"]]
-            insert_values = {"last_reported_owned": [], "joined_at": None, **values,
-                             "group": group.pk, "member_id": mid, "state_version": version}
-            columns, params = _prep(MemberRow, insert_values)
-            writes.add(
-                f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))})"
-                f" ON CONFLICT (group_id, member_id) DO UPDATE SET"
-                f" {', '.join(f'{c} = EXCLUDED.{c}' for c in update)} RETURNING id",
-                params, _remember_pk(loaded, mid, values),
-            )
-            continue
-        prior = loaded.member_values.get(mid)
-        if prior is None:
-            prior = dict(zip(_MEMBER_COLUMNS, loaded.member_rows.get(mid, ()), strict=False))
-        changed = {k: v for k, v in values.items() if k not in prior or prior[k] != v}
-        columns, params = _prep(MemberRow, {**changed, "state_version": version})
-        writes.add(f"UPDATE {table} SET {', '.join(f'{c} = %s' for c in columns)} WHERE id = %s", [*params, pk])
-        loaded.member_values[mid] = {**prior, **changed}
-    if changes.shards:
-        by_name = upserted if connection.vendor == "postgresql" else set()
-        if upserted and not by_name:
-            writes.run()  # slots name an upserted member by its (new) row id: write it first
-
-        def ref(name: str | None) -> tuple[int | None, str | None]:
-            # PostgreSQL: a member upserted in this batch is named, and the slot statement
-            # finds its new row id itself (one round trip for a join that recomputes).
-            return (None, name) if name in by_name else (_member_pk(loaded, name), None)
-
-        rows = []
-        for shard_id in sorted(changes.shards):
-            slot = state.shards[shard_id]
-            drained_at = loaded.drained_at.setdefault(shard_id, now) if slot.drained else None
-            owner, owner_name = ref(slot.owner)
-            target, target_name = ref(slot.target)
-            rows.append((
-                owner, slot.revoking, slot.grant_epoch, target,
-                connection.ops.adapt_datetimefield_value(drained_at),  # SQLite: naive UTC text
-                version, loaded.slot_pk[shard_id], owner_name, target_name,
-            ))
-        _write_slots(writes, rows, group.pk if by_name else None)
-    _save_events(writes, state, loaded, actor)
-    writes.run(commit=commit)
-
-
-def delete_members(group: Group, ids: list[int], still: Q) -> int:
-    """Delete these member rows of the (locked) group that still match `still` (a
-    compare-and-set), and say so to every process's snapshot: state_version and
-    deletion_epoch rise (see `_shape`). Returns how many rows went."""
-    if not ids:
-        return 0
-    deleted, _ = MemberRow.objects.filter(group=group, id__in=ids).filter(still).delete()
-    if deleted:
-        Group.objects.filter(pk=group.pk).update(
-            state_version=F("state_version") + 1, deletion_epoch=F("deletion_epoch") + 1
-        )
-    return deleted
-
-
-def _remember_pk(loaded: Loaded, mid: str, values: dict[str, object]) -> Callable[[list[tuple]], None]:
-    def remember(rows: list[tuple]) -> None:
-        loaded.member_pk[mid] = rows[0][0]
-        loaded.member_values[mid] = values
-    return remember
-
-
-def _write_slots(writes: _Batch, rows: list[tuple], named_in_group: int | None = None) -> None:
-    """(owner, revoking, grant epoch, target, drained at, version, row id, owner's name,
-    target's name) per changed slot: one statement on PostgreSQL (a recompute may move
-    thousands of targets), plain UPDATEs elsewhere. Django's bulk_update builds a CASE per
-    field and row, slower than either. A member upserted in the same batch has no row id
-    yet: on PostgreSQL (`named_in_group`: its group) the slot names it and the statement
-    looks its id up, after the upsert that precedes it in the batch; elsewhere the caller
-    writes the upsert first."""
-    table = ShardAssignment._meta.db_table
-    if connection.vendor == "postgresql":
-        columns = [list(c) for c in zip(*rows, strict=True)]
-        owner, target = "v.owner_id", "v.target_id"
-        if named_in_group is not None:
-            member = (f"(SELECT m.id FROM {MemberRow._meta.db_table} AS m"
-                      f" WHERE m.group_id = {int(named_in_group)} AND m.member_id = v.{{}})")
-            owner = f"COALESCE(v.owner_id, {member.format('owner_name')})"
-            target = f"COALESCE(v.target_id, {member.format('target_name')})"
-        else:
-            columns = columns[:7]
-        names = ", %s::text[], %s::text[]" if named_in_group is not None else ""
-        writes.add(
-            f"UPDATE {table} AS a SET owner_id = {owner}, revoking = v.revoking,"
-            f" grant_epoch = v.grant_epoch, target_id = {target}, drained_at = v.drained_at,"
-            " state_version = v.state_version FROM unnest(%s::bigint[], %s::boolean[],"
-            f" %s::integer[], %s::bigint[], %s::timestamptz[], %s::bigint[], %s::bigint[]{names})"
-            " AS v(owner_id, revoking, grant_epoch, target_id, drained_at, state_version, id"
-            f"{', owner_name, target_name' if names else ''}) WHERE a.id = v.id",
-            columns,
-        )
-        return
-    for row in rows:
-        writes.add(
-            f"UPDATE {table} SET owner_id = %s, revoking = %s, grant_epoch = %s, target_id = %s,"
-            " drained_at = %s, state_version = %s WHERE id = %s",
-            list(row[:7]),
-        )
-
-
-def _save_events(writes: _Batch, state: GroupState, loaded: Loaded, actor: str) -> None:
-    changes = state.changes
-    group = loaded.group
-    if not changes.events:
-        return
-    created_at = timezone.now()
-    rows = []
-    for e in changes.events:
-        columns, params = _prep(Event, dict(
-            created_at=created_at, kind=e.kind, group=group.pk, stream=group.stream_id,
-            member_id=e.member_id, group_epoch=e.group_epoch, member_epoch=e.member_epoch,
-            actor=str(e.detail.get("actor", actor)), detail=e.detail,
-        ))
-        rows.append(params)
-    one = f"({', '.join(['%s'] * len(columns))})"
-    writes.add(f"INSERT INTO {Event._meta.db_table} ({', '.join(columns)}) VALUES {', '.join([one] * len(rows))}",
-               [p for row in rows for p in row])
-    for e in changes.events:  # one log line per event row (JSON with LOG_FORMAT=json)
-        event_log.info(
-            "%s group=%s member=%s groupEpoch=%s %s", e.kind, state.name, e.member_id or "-",
-            e.group_epoch, " ".join(f"{k}={v}" for k, v in e.detail.items()),
-            extra={"event": e.kind, "group": state.name, "stream": state.stream, "memberId": e.member_id,
-                   "memberEpoch": e.member_epoch, "groupEpoch": e.group_epoch,
-                   "assignmentEpoch": e.detail.get("assignmentEpoch")},
-        )

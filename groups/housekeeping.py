@@ -18,7 +18,8 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from assignments.models import ShardAssignment
-from assignments.store import load_state, lock_group, save_state
+from assignments.store import load_state, lock_group
+from assignments.writer import delete_group_rows, save_state
 from coordination.model import LIVE_STATUSES
 from coordination.restore import parse_fence_epoch, raise_epochs_above
 from dataplane.routing import ShardKeys
@@ -121,9 +122,7 @@ def delete_group(name: str, *, purge_redis: bool = False, actor: str = "operator
         result: dict[str, Any] = {"group": name, "stream": group.stream.name, "purgedRedis": purge_redis}
         if purge_redis:
             result.update(_purge_group(group.stream.key_prefix, shard_ids, name))
-        ShardAssignment.objects.filter(group=group).delete()  # before members: they PROTECT them
-        Member.objects.filter(group=group).delete()
-        group.delete()  # its API keys and events go with it
+        delete_group_rows(group)  # its slots, members, API keys and events
         Event.objects.create(kind="group_deleted", stream=group.stream, actor=actor, detail=result)
     log.info("group %s deleted by %s (redis purged: %s)", name, actor, purge_redis)
     return result

@@ -59,7 +59,10 @@ def group_metadata(group: Group) -> dict[str, Any]:
             "rebalanceTimeoutMs": group.rebalance_timeout_ms,
             "startPosition": group.start_position,
             "keyPrefix": stream.key_prefix,
-            "streamState": stream.state,
+            # No streamState: the document is cached by the group's metadataEpoch, which the
+            # PREPARING -> SEALING step does not raise (members have nothing to act on), so it
+            # would differ between processes for one epoch (issue 23.2). The versions' states
+            # show what members act on; describe and the routing document show the stream's.
             "writeVersion": stream.write_version,
             "hash": HASH_ALGORITHM,
             "versions": versions_document(stream),

@@ -83,12 +83,12 @@ class Group(models.Model):
         max_length=8, choices=StartPosition.choices, default=StartPosition.EARLIEST
     )
     created_at = models.DateTimeField(auto_now_add=True)
-    # Raised by every locked write of members or slots (assignments.store.save_state), and
+    # Raised by every locked write of members or slots (assignments.writer.save_state), and
     # stamped on the rows it wrote: a process's cached snapshot of the group is exact while
     # this matches, and catches up by reading only the rows stamped after its own version.
     state_version = models.BigIntegerField(default=0, editable=False)
     # Raised (with state_version) by every delete of the group's member or slot rows
-    # (assignments.store.delete_members): a snapshot catches up by the rows stamped after its
+    # (assignments.writer.delete_members): a snapshot catches up by the rows stamped after its
     # version, which cannot show a row that is gone, so a snapshot of an older deletion_epoch
     # is loaded again in full (issue 27.5: a deleted tombstone left live in a snapshot).
     deletion_epoch = models.BigIntegerField(default=0, editable=False)

@@ -28,7 +28,8 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from assignments.models import ShardAssignment
-from assignments.store import load_state, lock_group, save_state
+from assignments.store import load_state, lock_group
+from assignments.writer import add_slots, delete_retired_slots, raise_metadata_epoch, save_state
 from coordination import engine
 from dataplane.routing import ShardKeys, parent_indexes, shard_id
 from groups.errors import ServiceError
@@ -187,13 +188,11 @@ def _drain_or_retire(row: Stream, now: datetime) -> dict[str, Any]:
     ShardVersion.objects.filter(pk__in=[v.pk for v in retired]).update(state=VersionState.RETIRED, retired_at=now)
     # The slots of retired shards are no longer loaded; drop them (a group created in the
     # same instant may leave a few behind: harmless, and removed at the next retirement).
-    ShardAssignment.objects.filter(
-        group__stream=row, shard__version__state=VersionState.RETIRED
-    ).delete()
+    delete_retired_slots(row)
     done = len(retired) == len(sealed)
     _set_stream_state(row, StreamState.STABLE if done else StreamState.DRAINING, now)
     for group in groups:
-        _raise_group_metadata_epoch(group)  # the metadata document no longer lists them
+        raise_metadata_epoch(group)  # the metadata document no longer lists them
     versions = [v.version for v in retired]
     Event.objects.create(kind="version_retired", stream=row, actor="sweeper", detail={"versions": versions})
     out: dict[str, Any] = {"retired": versions}
@@ -244,12 +243,6 @@ def _set_stream_state(row: Stream, state: StreamState, now: datetime, **extra: A
     row.refresh_from_db()
 
 
-def _raise_group_metadata_epoch(group: Group) -> None:
-    # R7: members holding older metadata get SYNC_METADATA (drain-only) until they catch up.
-    Group.objects.filter(pk=group.pk).update(metadata_epoch=F("metadata_epoch") + 1)
-    group.refresh_from_db(fields=["metadata_epoch"])
-
-
 def _sync_group(group: Group, now: datetime, *, raise_metadata: bool) -> None:
     """Give the (locked) group a slot for every live shard; let the core fix the target."""
     missing = list(
@@ -259,9 +252,9 @@ def _sync_group(group: Group, now: datetime, *, raise_metadata: bool) -> None:
         .values_list("pk", flat=True)
     )
     if missing:
-        ShardAssignment.objects.bulk_create(ShardAssignment(group=group, shard_id=pk) for pk in missing)
+        add_slots(group, missing)
     if raise_metadata or missing:
-        _raise_group_metadata_epoch(group)
+        raise_metadata_epoch(group)
     if missing:
         state, loaded = load_state(group)
         if engine.s6_refresh_assignable(state):

@@ -24,7 +24,8 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from assignments.models import ShardAssignment
-from assignments.store import delete_members, lock_group
+from assignments.store import lock_group
+from assignments.writer import delete_members
 from coordination.model import MemberStatus
 from groups.models import Event, Group
 from members.models import Member

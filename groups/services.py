@@ -18,8 +18,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from assignments.models import ShardAssignment
-from assignments.store import load_state, lock_group, save_state
+from assignments.store import load_state, lock_group
+from assignments.writer import create_group_rows, save_state, update_group_settings
 from coordination import engine
 from coordination.model import GroupState
 from coordinator_project import dbpool
@@ -138,17 +138,15 @@ def create_group(
     check_new_shards(stream_row.key_prefix, live_shards.values_list("shard_id", flat=True), groups=[name])
     try:
         with transaction.atomic():
-            group = Group.objects.create(
+            group = create_group_rows(
+                stream_row,
+                live_shards.values_list("id", flat=True),
                 name=name,
-                stream=stream_row,
                 heartbeat_interval_ms=heartbeat_interval_ms,
                 session_timeout_ms=session_timeout_ms,
                 rebalance_timeout_ms=rebalance_timeout_ms,
                 max_members=max_members,
                 start_position=start_position,
-            )
-            ShardAssignment.objects.bulk_create(
-                ShardAssignment(group=group, shard=s) for s in live_shards.only("id")
             )
     except IntegrityError as exc:
         raise ServiceError(f"group {name!r} already exists") from exc
@@ -437,11 +435,7 @@ def update_group_config(name: str, /, *, actor: str, **fields: object) -> Group:
         changed = {f: v for f, v in fields.items() if current[f] != v}
         if not changed:
             return group
-        for f, v in changed.items():
-            setattr(group, f, v)
-        # Under the row lock, so read-increment-write cannot lose a concurrent bump.
-        group.metadata_epoch += 1
-        group.save(update_fields=[*changed, "metadata_epoch"])
+        update_group_settings(group, changed)  # raises metadataEpoch (under the row lock)
         detail = {f: {"from": current[f], "to": v} for f, v in changed.items()}
         Event.objects.create(
             kind="config_changed", group=group, stream_id=group.stream_id, actor=actor,

@@ -14,7 +14,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from assignments.fastpath import STAMP_PERIOD
-from assignments.store import load_state, lock_group, save_state
+from assignments.store import load_state, lock_group
+from assignments.writer import save_state
 from coordination import engine
 from coordination.model import LIVE_STATUSES, GroupState, MemberStatus
 from groups.errors import ServiceError

@@ -143,7 +143,8 @@ def test_r1b_only_writes_that_grant_wait_for_the_disk(hb: Hb):
     transaction keeps the server's synchronous commit."""
     from django.db import connection, transaction
 
-    from assignments.store import load_state, lock_group, save_state
+    from assignments.store import load_state, lock_group
+    from assignments.writer import save_state
     from coordination import engine
 
     def write(req: HeartbeatRequest, now: Any) -> str:

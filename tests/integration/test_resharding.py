@@ -370,3 +370,19 @@ def test_s6_reshard_while_members_heartbeat_concurrently(stream_redis: redis.Red
             t.join(30)
     assert errors == []
     assert set(owned.values_list("shard__shard_id", flat=True)) == {"rs-race:2:0", "rs-race:2:1", "rs-race:2:2"}
+
+
+def test_i23_2_group_metadata_is_one_document_per_metadata_epoch_across_sealing(stream_redis: redis.Redis):
+    """PREPARING -> SEALING raises only the stream's epoch: a process that built the group's
+    document before it and one that builds it after must serve the same document."""
+    from groups import metadata
+
+    fx = make_group(stream="rs-doc", group="rs-doc-g", shards=2)
+    start_reshard(fx.stream, 3)
+    before = metadata.group_metadata(Group.objects.select_related("stream").get(name=fx.group))
+    with override_settings(STREAM_REDIS_URL="redis://127.0.0.1:1/0"):
+        assert run_all_sweeps()["resharding"]["rs-doc"]["state"] == "SEALING"
+    metadata._cache.clear()  # another process: nothing cached
+    group = Group.objects.select_related("stream").get(name=fx.group)
+    assert group.metadata_epoch == before["metadataEpoch"]
+    assert metadata.group_metadata(group) == before
