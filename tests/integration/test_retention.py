@@ -148,8 +148,10 @@ def test_retention_waits_for_the_group_lock_and_spares_a_tombstone_rejoined_mean
         with connection.cursor() as cursor:
             for _ in range(400):  # until retention waits on the group's row lock
                 cursor.execute("SELECT pg_stat_clear_snapshot()")  # else fixed for this transaction
-                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                               " AND query LIKE '%%FOR UPDATE%%' AND datname = current_database()")
+                # Blocked by this connection (not by the query's text: pg_stat_activity cuts it
+                # at track_activity_query_size, and the group's new columns made it longer).
+                cursor.execute("SELECT count(*) FROM pg_stat_activity"
+                               " WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))")
                 if cursor.fetchone()[0]:
                     break
                 threading.Event().wait(0.025)  # poll interval of a deadline loop
