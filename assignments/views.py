@@ -21,12 +21,12 @@ from assignments.serializers import (
 )
 from coordination.wire import InvalidRequest, parse_heartbeat
 from coordinator_project.metrics import record_heartbeat
-from dataplane.protocol import JOIN_EPOCH, ErrorCode
+from dataplane.protocol import JOIN_EPOCH, LEAVE_EPOCH, TEMPORARY_LEAVE_EPOCH, ErrorCode
 from groups.access import authorize_group
 from groups.api_errors import error_body
 from groups.api_parsers import BoundedJSONParser
 from groups.metadata import rendered
-from groups.ratelimit import join_retry_after
+from groups.ratelimit import join_retry_after, leave_retry_after
 from members.intake import note_heartbeat_failed
 
 
@@ -104,12 +104,16 @@ class HeartbeatView(APIView):
             req = parse_heartbeat(request.data)
         except InvalidRequest as exc:
             return Response(error_body(ErrorCode.INVALID_REQUEST, str(exc)), 400)
-        if req.member_epoch == JOIN_EPOCH:  # joins are the expensive requests: refused before the group lock
-            retry = join_retry_after(request.auth.key_id, request.META.get("REMOTE_ADDR", ""))
+        # Joins and leaves change membership (a recompute, events, a tombstone): refused
+        # beyond their rates before the group lock, so one key's churn is bounded.
+        if req.member_epoch in (JOIN_EPOCH, LEAVE_EPOCH, TEMPORARY_LEAVE_EPOCH):
+            join = req.member_epoch == JOIN_EPOCH
+            limit = join_retry_after if join else leave_retry_after
+            retry = limit(request.auth.key_id, request.META.get("REMOTE_ADDR", ""))
             if retry:
                 refused = Response(error_body(
-                    ErrorCode.RATE_LIMITED, f"too many joins with this API key or from this address; retry in {retry} s",
-                    req.member_id), 429)
+                    ErrorCode.RATE_LIMITED, f"too many {'joins' if join else 'leaves'} with this API key "
+                    f"or from this address; retry in {retry} s", req.member_id), 429)
                 refused["Retry-After"] = str(retry)
                 return refused
         result = services.heartbeat(group, req)  # its time: when it applies (services.heartbeat)

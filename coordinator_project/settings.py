@@ -294,6 +294,10 @@ MAX_SHARDS_PER_STREAM = env_int("MAX_SHARDS_PER_STREAM", 1024)
 # session timeout) are deleted; events older than EVENT_RETENTION_DAYS. 0 keeps them forever.
 MEMBER_TOMBSTONE_RETENTION_SECONDS = env_int("MEMBER_TOMBSTONE_RETENTION_SECONDS", 86_400)
 EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 30)
+# Count caps per group, applied by the same pass: beyond them the oldest tombstones (never
+# one heard within the group's session timeout) and the oldest events go. 0: no cap.
+MAX_TOMBSTONES_PER_GROUP = env_int("MAX_TOMBSTONES_PER_GROUP", 10_000)
+MAX_EVENTS_PER_GROUP = env_int("MAX_EVENTS_PER_GROUP", 100_000)
 RETENTION_INTERVAL_SECONDS = float(os.environ.get("RETENTION_INTERVAL_SECONDS", "300"))
 CELERY_BEAT_SCHEDULE["apply-retention"] = {
     "task": "groups.tasks.apply_retention",
@@ -306,6 +310,12 @@ JOIN_RATE_PER_KEY = float(os.environ.get("JOIN_RATE_PER_KEY", "50"))
 JOIN_BURST_PER_KEY = env_int("JOIN_BURST_PER_KEY", 1000)
 JOIN_RATE_PER_IP = float(os.environ.get("JOIN_RATE_PER_IP", "0"))
 JOIN_BURST_PER_IP = env_int("JOIN_BURST_PER_IP", 100)
+# Leaves (memberEpoch -1, -2) the same way, in buckets of their own (a rolling restart's leaves
+# do not use up its rejoins): join/leave churn from one key is bounded both ways. Default: as joins.
+LEAVE_RATE_PER_KEY = float(os.environ.get("LEAVE_RATE_PER_KEY", str(JOIN_RATE_PER_KEY)))
+LEAVE_BURST_PER_KEY = env_int("LEAVE_BURST_PER_KEY", JOIN_BURST_PER_KEY)
+LEAVE_RATE_PER_IP = float(os.environ.get("LEAVE_RATE_PER_IP", str(JOIN_RATE_PER_IP)))
+LEAVE_BURST_PER_IP = env_int("LEAVE_BURST_PER_IP", JOIN_BURST_PER_IP)
 # --- Operator visibility (PROTOCOL.md §10) ------------------------------------
 # The shard streams are on a Redis Cluster (per-node pipelines for the shard statistics).
 STREAM_REDIS_CLUSTER = os.environ.get("STREAM_REDIS_CLUSTER", "").lower() in {"1", "true", "yes"}

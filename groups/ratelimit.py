@@ -1,4 +1,4 @@
-"""Per-process limits: token buckets for joins, and a throttle for repetitive warning lines.
+"""Per-process limits: token buckets for joins and leaves, and a throttle for repetitive warning lines.
 
 Both are per web worker (no shared state, no extra round trip); with W workers the
 effective join limit is up to W times the configured one. Both are bounded in size.
@@ -67,11 +67,21 @@ _joins = TokenBuckets()
 
 def join_retry_after(key_id: int, client_ip: str, now: float | None = None) -> int:
     """Seconds a join (memberEpoch 0) must wait under JOIN_RATE_PER_KEY / JOIN_RATE_PER_IP; 0: go."""
-    wait = _joins.take(("key", key_id), float(getattr(settings, "JOIN_RATE_PER_KEY", 50)),
-                       int(getattr(settings, "JOIN_BURST_PER_KEY", 1000)), now)
+    return _retry_after("JOIN", key_id, client_ip, now)
+
+
+def leave_retry_after(key_id: int, client_ip: str, now: float | None = None) -> int:
+    """Seconds a leave (memberEpoch -1 or -2) must wait under LEAVE_RATE_PER_KEY /
+    LEAVE_RATE_PER_IP; 0: go. Join/leave churn from one key is bounded both ways."""
+    return _retry_after("LEAVE", key_id, client_ip, now)
+
+
+def _retry_after(kind: str, key_id: int, client_ip: str, now: float | None) -> int:
+    wait = _joins.take((kind, "key", key_id), float(getattr(settings, f"{kind}_RATE_PER_KEY", 50)),
+                       int(getattr(settings, f"{kind}_BURST_PER_KEY", 1000)), now)
     if not wait and client_ip:
-        wait = _joins.take(("ip", client_ip), float(getattr(settings, "JOIN_RATE_PER_IP", 0)),
-                           int(getattr(settings, "JOIN_BURST_PER_IP", 100)), now)
+        wait = _joins.take((kind, "ip", client_ip), float(getattr(settings, f"{kind}_RATE_PER_IP", 0)),
+                           int(getattr(settings, f"{kind}_BURST_PER_IP", 100)), now)
     return max(1, math.ceil(wait)) if wait else 0
 
 

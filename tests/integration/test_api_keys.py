@@ -272,7 +272,7 @@ def test_joins_beyond_the_per_key_rate_get_429_with_retry_after(api: APIClient, 
     assert r.status_code == 429
     assert int(r["Retry-After"]) >= 1
     assert r.json() == {"errorCode": "RATE_LIMITED", "errorMessage": r.json()["errorMessage"], "memberId": "c"}
-    assert beat(api, orders, orders.key, member="a", epoch=-1).status_code == 200  # only joins are limited
+    assert beat(api, orders, orders.key, member="a", epoch=-1).status_code == 200  # leaves have buckets of their own
 
 
 @override_settings(JOIN_RATE_PER_KEY=0, JOIN_RATE_PER_IP=1, JOIN_BURST_PER_IP=1)
