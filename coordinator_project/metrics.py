@@ -275,6 +275,11 @@ def _backlog_families(groups: list[Group]) -> Iterator[GaugeMetricFamily]:
                                   labels=[*labels, "shard"])
     shard_pending = GaugeMetricFamily("rsc_shard_pending", "Entries of a shard delivered to the group, not ACKed.",
                                       labels=[*labels, "shard"])
+    series_omitted = GaugeMetricFamily(
+        "rsc_shard_series_omitted",
+        "1 when the group's per-shard series are left out: more live shards than METRICS_SHARD_SERIES_MAX_SHARDS.",
+        labels=["group"])
+    most = int(getattr(settings, "METRICS_SHARD_SERIES_MAX_SHARDS", 4096))
     shard_ids: dict[int, list[str]] = {}
     for g in groups:
         ids = shard_ids.get(g.stream_id)
@@ -288,13 +293,15 @@ def _backlog_families(groups: list[Group]) -> Iterator[GaugeMetricFamily]:
         group_lag.add_metric([g.name, stream], stats.lag or 0)
         group_pending.add_metric([g.name, stream], stats.pending or 0)
         dlq.add_metric([g.name, stream], stats.dlq or 0)
-        for sid in ids:
+        omitted = 0 < most < len(ids)
+        series_omitted.add_metric([g.name], 1 if omitted else 0)
+        for sid in () if omitted else ids:
             fig = stats.shard(sid)
             if fig.lag is not None:
                 shard_lag.add_metric([g.name, stream, sid], fig.lag)
             if fig.pending is not None:
                 shard_pending.add_metric([g.name, stream, sid], fig.pending)
-    yield from (up, group_lag, group_pending, dlq, shard_lag, shard_pending)
+    yield from (up, group_lag, group_pending, dlq, shard_lag, shard_pending, series_omitted)
 
 
 def _registry() -> CollectorRegistry:

@@ -327,5 +327,9 @@ SHARD_STATS_XRANGE_LIMIT = int(os.environ.get("SHARD_STATS_XRANGE_LIMIT", "1000"
 # Past the cache time, figures up to this much older are served while one background read
 # refreshes them (0: callers wait for the read).
 SHARD_STATS_STALE_SECONDS = float(os.environ.get("SHARD_STATS_STALE_SECONDS", "3"))
+# /metrics: per-shard series (rsc_shard_lag, rsc_shard_pending) only for groups whose stream has
+# at most this many live shards (beyond, the group totals alone: 16,384 shards would be 32,768
+# series per group and scrape); 0 = always.
+METRICS_SHARD_SERIES_MAX_SHARDS = env_int("METRICS_SHARD_SERIES_MAX_SHARDS", 4096)
 # The admin shows times to the second (coordinator_project/formats/en/formats.py).
 FORMAT_MODULE_PATH = ["coordinator_project.formats"]

@@ -50,3 +50,34 @@ def test_backlog_gauges_are_left_out_when_redis_is_away(api: APIClient, fx: Grou
     assert value(m, "rsc_shard_stats_up", group=fx.group) == 0
     assert not any(name == "rsc_group_lag" and dict(labels)["group"] == fx.group for name, labels in m)
     shardstats.clear_cache()
+
+
+@override_settings(MAX_SHARDS_PER_STREAM=16_384)
+def test_i26_3_per_shard_series_are_left_out_above_the_configured_shard_count(db: None):
+    """At 16,384 shards per-shard series would be 32,768 per group and scrape: above
+    METRICS_SHARD_SERIES_MAX_SHARDS (4,096) a group has its totals and a marker only."""
+    import uuid
+
+    import redis
+    from django.conf import settings
+
+    from bench.bigroup import build_settled_group, drop_backlog
+
+    r = redis.Redis.from_url(settings.STREAM_REDIS_URL)
+    stream = f"wide-{uuid.uuid4().hex[:6]}"
+    shardstats.clear_cache()
+    try:
+        build_settled_group(stream, "wide", 2, 16_384, backlog=r)
+        m = metrics(Client())
+        assert value(m, "rsc_shard_series_omitted", group="wide") == 1
+        assert not any(name in ("rsc_shard_lag", "rsc_shard_pending") for name, _labels in m)
+        # Every shard i holds i mod 7 entries, none delivered: the total stays exact.
+        assert value(m, "rsc_group_lag", group="wide", stream=stream) == sum(i % 7 for i in range(16_384))
+        with override_settings(METRICS_SHARD_SERIES_MAX_SHARDS=0):  # 0: always
+            m = metrics(Client())
+        assert value(m, "rsc_shard_series_omitted", group="wide") == 0
+        assert value(m, "rsc_shard_lag", group="wide", stream=stream, shard=f"{stream}:1:16383") == 16_383 % 7
+    finally:
+        drop_backlog(r, stream)
+        r.close()
+        shardstats.clear_cache()
