@@ -117,7 +117,11 @@ def r1_join(state: GroupState, req: HeartbeatRequest, now: datetime) -> Heartbea
         return _join_with_owned_shards(req)
     member = state.members.get(req.member_id)
     rejoin = member is not None and member.live
-    full = r1_check_capacity(state.name, state.max_members, len(state.live_members()), rejoin=rejoin)
+    # Fewer members of any status than the maximum leaves room without counting the live ones
+    # (a walk over every member per join: what grew with the group's size, issue 26.2).
+    known = len(state.members)
+    live = known if known < state.max_members else len(state.live_members())
+    full = r1_check_capacity(state.name, state.max_members, live, rejoin=rejoin)
     if full:
         return _error(full.code, full.message, req.member_id)
     if member is not None and member.live:
@@ -664,7 +668,9 @@ def r1b_defer_rebalance(
     if state.rebalance_due_at is None:
         last = state.rebalanced_at
         recent = last is not None and now < deadline(last, window)
-        alone = joiner is not None and all(m is joiner for m in state.live_members())
+        # Stops at the first other live member: not a walk over every member per join.
+        alone = joiner is not None and not any(
+            m.live and m is not joiner for m in state.members.values())
         if not (recent or alone):
             return None
     since = state.rebalance_deferred_at or now
