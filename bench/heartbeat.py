@@ -147,13 +147,13 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def postgres_pids() -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if (entry / "comm").read_text().strip() in {"postgres", "postmaster"}:
-                    out.append(int(entry.name))
-    return out
+    """The backends connected to the bench's database (PostgreSQL's shared background
+    processes and other databases' backends are not counted; on this machine others run)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        return [pid for (pid,) in cur.fetchall()]
 
 
 @contextlib.contextmanager
@@ -471,11 +471,10 @@ def cpu_shares(url: str, key: str, bodies_file: str) -> None:
             - before_wrk.children_user - before_wrk.children_system) / wall
     cores = os.cpu_count() or 1
     print(f"== CPU during a steady heartbeat run ({r['rps']:.0f} heartbeats/s, {cores} cores)")
-    print(f"   PostgreSQL {pg:.2f} cores ({pg / cores:.0%} of the machine), gunicorn workers {ours:.2f} cores,"
-          f" wrk {load:.2f} cores")
-    print(f"   {r['rps'] / max(ours + pg, 1e-9):.0f} heartbeats/s per core of coordinator + PostgreSQL;"
-          f" {r['rps'] / max(ours, 1e-9):.0f} per worker core; PostgreSQL spends"
-          f" {pg / r['rps'] * 1e6:.0f} us of CPU per heartbeat")
+    print(f"   PostgreSQL backends of this database {pg:.2f} cores ({pg / cores:.0%} of the machine),"
+          f" gunicorn workers {ours:.2f} cores, wrk {load:.2f} cores")
+    print(f"   CPU per heartbeat: workers {ours / r['rps'] * 1e6:.0f} us, PostgreSQL {pg / r['rps'] * 1e6:.0f} us;"
+          f" {r['rps'] / max(ours + pg, 1e-9):.0f} heartbeats/s per core of coordinator + PostgreSQL")
 
 
 def join_answer(url: str, group: str, key: str) -> None:
