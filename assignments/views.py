@@ -21,6 +21,7 @@ from assignments.serializers import (
 )
 from coordination.wire import InvalidRequest, parse_heartbeat
 from coordinator_project.metrics import record_heartbeat
+from coordinator_project.wsgi_guard import RequestDeadlineExceeded
 from dataplane.protocol import JOIN_EPOCH, LEAVE_EPOCH, TEMPORARY_LEAVE_EPOCH, ErrorCode
 from groups.access import authorize_group
 from groups.api_errors import error_body
@@ -73,9 +74,11 @@ class HeartbeatView(APIView):
         started = time.perf_counter()  # every outcome (auth, validation, core) is counted
         try:
             response = super().dispatch(request, *args, **kwargs)
-        except (OperationalError, InterfaceError):  # coordinator_project.middleware's UNAVAILABLE_ERRORS
-            # Issue 27.3: unanswered because of the database, so the intake was down (L1/L2
-            # count no silence before now); the middleware answers the 503.
+        except (OperationalError, InterfaceError, RequestDeadlineExceeded):
+            # Issue 27.3: unanswered because of the database (coordinator_project.middleware's
+            # UNAVAILABLE_ERRORS), or still waiting on it when the request's deadline dropped it
+            # (wsgi_guard): the intake was down, so L1/L2 count no silence before now. The
+            # middleware or the guard answers the 503.
             note_heartbeat_failed()
             raise
         # The body only if the view parsed it: an unauthenticated body is never parsed for a log.

@@ -12,7 +12,7 @@ Issue 27.3: being able to write the beacon's own row is not being able to answer
 and the sweep then expired the members that had retried all along). So the intake counts as
 down — `up_since` moves to the failure — whenever, since the last stamp,
 - a heartbeat of this worker failed because of the database (`note_heartbeat_failed`, from
-  the heartbeat view's 503), or
+  the heartbeat view: its 503, or its request deadline dropping it while it waited), or
 - the beacon's probe could not take, within `INTAKE_PROBE_LOCK_TIMEOUT_MS`, the table locks
   a heartbeat takes (`probe_heartbeat_tables`, also what /readyz checks).
 L1/L2 then count silence only from after the last such failure: after the stall, every member

@@ -175,3 +175,35 @@ def test_i27_3_a_table_lock_past_the_session_while_members_retry_expires_nobody(
                 m.beat()
             run_liveness_sweep()
             time.sleep(0.1)  # heartbeat interval of the members
+
+
+@pytest.mark.slow
+def test_i27_3_a_heartbeat_dropped_at_its_request_deadline_counts_as_intake_outage(tmp_path: Path):
+    """Under the shipped gevent workers a heartbeat stuck on the database is dropped at its
+    request deadline (coordinator_project.wsgi_guard) before the statement timeout: that
+    failure counts too (here a group row lock, which the table probe does not see)."""
+    env = {
+        "INTAKE_BEACON_SECONDS": "0.2",
+        "REQUEST_DEADLINE_SECONDS": "1",
+        "DB_STATEMENT_TIMEOUT_MS": "10000",
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prometheus"),
+    }
+    fx = make_group(stream="deadline", group="deadline-g")
+    with running_gunicorn(**env) as server:
+        deadline = time.monotonic() + 15
+        while not IntakeBeacon.objects.exists():
+            assert time.monotonic() < deadline, "the workers never stamped the beacon"
+            time.sleep(0.1)  # poll interval of a deadline loop
+        with holder() as other:
+            other.execute("SELECT 1 FROM groups_group WHERE name = %s FOR UPDATE", (fx.group,))
+            locked = timezone.now()
+            r = httpx.post(f"{server.url}{fx.url()}", json={"memberId": "a", "memberEpoch": 0},
+                           headers={"Authorization": f"Bearer {fx.key}"}, timeout=15)
+            answered = timezone.now()
+            assert r.status_code == 503, r.text
+            assert "dropped" in r.json()["errorMessage"]
+        deadline = time.monotonic() + 10
+        while (up_since := IntakeBeacon.objects.get().up_since) <= locked:
+            assert time.monotonic() < deadline, f"the dropped heartbeat never moved the intake's up_since ({up_since})"
+            time.sleep(0.1)  # poll interval of a deadline loop
+        assert up_since <= answered
