@@ -1,14 +1,14 @@
 #!/usr/bin/env python
-"""Django's command-line utility for administrative tasks."""
+"""Django's command-line utility, with an operator's mistakes as one line (coordinator_project.preflight)."""
 import os
 import sys
 
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "coordinator_project.settings")
-    from django.core.management import execute_from_command_line
+    from coordinator_project.preflight import run_management
 
-    execute_from_command_line(sys.argv)
+    sys.exit(run_management(sys.argv))
 
 
 if __name__ == "__main__":

@@ -8,11 +8,26 @@ start-up); CELERY_NAMESPACE set in the environment skips that read.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
 
+from coordinator_project.preflight import exit_on_environment_problem
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "coordinator_project.settings")
+
+
+def _run_by_celery() -> bool:
+    """The celery command line (`celery -A coordinator_project worker|beat`, or `python -m
+    celery`), not another program importing this package (manage.py, gunicorn, tests)."""
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    return argv0.name == "celery" or (argv0.name == "__main__.py" and argv0.parent.name == "celery")
+
+
+if _run_by_celery():
+    exit_on_environment_problem("celery")  # issue 24.3: one line, not a traceback
 
 app = Celery("coordinator_project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -39,9 +54,17 @@ def installation_namespace() -> str:
     import django
 
     django.setup()  # idempotent; the celery CLI reads the configuration before its own setup
+    from coordinator_project.preflight import EXIT_UNAVAILABLE, database_problem
     from groups.namespace import installation_id, namespace_for
 
-    return namespace_for(installation_id())
+    try:
+        return namespace_for(installation_id())
+    except Exception as exc:
+        line = database_problem(exc)
+        if line is None:
+            raise
+        print(f"celery: error: {line}", file=sys.stderr, flush=True)
+        os._exit(EXIT_UNAVAILABLE)  # a SystemExit here would be printed as a traceback
 
 
 @app.on_after_configure.connect

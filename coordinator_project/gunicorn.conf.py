@@ -10,8 +10,17 @@ from __future__ import annotations
 import gc
 import glob
 import os
+import sys
 import tempfile
+from pathlib import Path
 from typing import Any
+
+# Issue 24.3: a missing SECRET_KEY or an unknown DATABASE_URL scheme stops the master with one
+# line, before any worker forks (each worker printed a 128-line traceback, forever).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from coordinator_project.preflight import exit_on_environment_problem
+
+exit_on_environment_problem("gunicorn")
 
 # 2 workers on 2 cores: 3 or 4 gevent workers measured lower (bench/RESULTS.md, the freshness
 # read study of 2026-12-03); override with WEB_CONCURRENCY / -w.

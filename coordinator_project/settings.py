@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from coordinator_project.preflight import READ_ONLY_ENV, SECRET_KEY_MISSING, database_url_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -22,11 +25,12 @@ DEBUG = env_bool("DEBUG", False)
 # A fixed insecure key only when DEBUG is on. Without DEBUG a missing key is fatal (issue
 # 8.7): a key invented per process breaks admin sessions across workers and restarts.
 SECRET_KEY = os.environ.get("SECRET_KEY") or ("dev-insecure-key" if DEBUG else "")
+if not SECRET_KEY and os.environ.get(READ_ONLY_ENV):
+    # A read-only operator command (describe_group, list_groups, ...) signs nothing: a key of
+    # its own lets it run with database access alone (issue 24.1).
+    SECRET_KEY = secrets.token_urlsafe(50)
 if not SECRET_KEY:
-    raise ImproperlyConfigured(
-        "SECRET_KEY is not set and DEBUG is off: set SECRET_KEY to one long random value shared by "
-        "every coordinator process (e.g. python -c 'import secrets; print(secrets.token_urlsafe(50))')"
-    )
+    raise ImproperlyConfigured(SECRET_KEY_MISSING)
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 # Production security behind TLS, each off by default (plain HTTP on loopback).
@@ -88,6 +92,8 @@ TEMPLATES = [
 # --- Database ---------------------------------------------------------------
 # PostgreSQL in production and tests (DATABASE_URL); SQLite for the quick start.
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
+if (_url_problem := database_url_problem(DATABASE_URL)) is not None:
+    raise ImproperlyConfigured(_url_problem)
 if DATABASE_URL:
     _default = dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True)
 else:

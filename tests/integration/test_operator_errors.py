@@ -1,0 +1,149 @@
+"""Issue 24.3: an operator's mistake gives one line naming the problem and the fix, and a
+non-zero exit, never a traceback. Each case runs the real command in a subprocess."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from django.db import connection
+
+from groups.services import create_group, create_stream
+
+from .conftest import ROOT, live_database_url
+
+pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True)]
+
+PYTHON = sys.executable
+
+
+def run(argv: list[str], *, env: dict[str, str] | None = None, drop: tuple[str, ...] = (),
+        timeout: float = 60, shell: bool = False) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in drop}
+    base["DATABASE_URL"] = live_database_url()
+    return subprocess.run(
+        argv if not shell else " ".join(argv), cwd=ROOT, env={**base, **(env or {})},
+        capture_output=True, text=True, timeout=timeout, shell=shell,
+        executable="/bin/bash" if shell else None,
+    )
+
+
+def one_line_error(p: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert p.returncode != 0, (p.stdout, p.stderr)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+NO_SECRET = ("SECRET_KEY", "DEBUG")
+
+
+def test_i24_3_secret_key_unset_manage_py_prints_one_line():
+    p = run([PYTHON, "manage.py", "check"], drop=NO_SECRET)
+    line = one_line_error(p, "SECRET_KEY is not set", "secrets.token_urlsafe")
+    assert line.startswith("error: ")
+    assert p.returncode == 2
+
+
+def test_i24_3_secret_key_unset_gunicorn_master_stops_with_one_line():
+    p = run([PYTHON, "-m", "gunicorn", "-c", "coordinator_project/gunicorn.conf.py", "-b", "127.0.0.1:0",
+             "coordinator_project.wsgi"], drop=NO_SECRET, timeout=30)
+    one_line_error(p, "gunicorn: error: SECRET_KEY is not set")
+
+
+@pytest.mark.parametrize("program", ["worker", "beat"])
+def test_i24_3_secret_key_unset_celery_prints_one_line(program):
+    p = run([PYTHON, "-m", "celery", "-A", "coordinator_project", program, "-l", "warning"],
+            drop=NO_SECRET, timeout=30)
+    one_line_error(p, "celery: error: SECRET_KEY is not set")
+
+
+def test_i24_1_read_only_commands_need_no_secret_key():
+    create_stream("ro", 2)
+    create_group("ro-g", "ro")
+    for argv in (["describe_group", "ro-g"], ["list_groups"], ["list_streams"], ["describe_stream", "ro"]):
+        p = run([PYTHON, "manage.py", *argv], drop=NO_SECRET)
+        assert p.returncode == 0, (argv, p.stderr)
+        assert "ro" in p.stdout
+    # A command that writes still needs it.
+    p = run([PYTHON, "manage.py", "create_stream", "ro2", "--shards", "1"], drop=NO_SECRET)
+    one_line_error(p, "SECRET_KEY")
+
+
+def test_i24_3_unknown_database_url_scheme():
+    p = run([PYTHON, "manage.py", "list_groups"], env={"DATABASE_URL": "mongodb://db.example/x"})
+    one_line_error(p, "error: DATABASE_URL has an unknown scheme mongodb://", "postgres://")
+    p = run([PYTHON, "-m", "gunicorn", "-c", "coordinator_project/gunicorn.conf.py", "-b", "127.0.0.1:0",
+             "coordinator_project.wsgi"], env={"DATABASE_URL": "mysql2://x/y"}, timeout=30)
+    one_line_error(p, "gunicorn: error: DATABASE_URL has an unknown scheme mysql2://")
+
+
+def test_i24_3_database_unreachable():
+    p = run([PYTHON, "manage.py", "list_groups"],
+            env={"DATABASE_URL": "postgres://postgres@127.0.0.1:1/nope", "DB_CONNECT_TIMEOUT": "2"})
+    line = one_line_error(p, "cannot use the database PostgreSQL 127.0.0.1:1/nope", "Connection refused",
+                          "check DATABASE_URL")
+    assert p.returncode == 3, line
+
+
+def test_i24_3_celery_with_the_database_unreachable():
+    p = run([PYTHON, "-m", "celery", "-A", "coordinator_project", "beat", "-l", "warning"],
+            env={"DATABASE_URL": "postgres://postgres@127.0.0.1:1/nope", "CELERY_NAMESPACE": ""}, timeout=30)
+    one_line_error(p, "celery: error: cannot use the database", "check DATABASE_URL")
+
+
+def _server_url(name: str) -> str:
+    s = connection.settings_dict
+    return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{name}"
+
+
+def test_i24_3_database_missing():
+    name = f"rsc_missing_{uuid.uuid4().hex[:8]}"
+    p = run([PYTHON, "manage.py", "list_groups"], env={"DATABASE_URL": _server_url(name)})
+    one_line_error(p, f"database '{name}' does not exist", f"createdb {name}", "manage.py migrate")
+
+
+@pytest.fixture
+def empty_database() -> Iterator[str]:
+    name = f"rsc_empty_{uuid.uuid4().hex[:8]}"
+    admin = _server_url("postgres")
+    with psycopg.connect(admin.replace("postgres://", "postgresql://"), autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _server_url(name)
+    finally:
+        with psycopg.connect(admin.replace("postgres://", "postgresql://"), autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.mark.parametrize("argv", [["list_groups"], ["create_stream", "s", "--shards", "2"],
+                                  ["describe_group", "g"]])
+def test_i24_3_database_not_migrated(empty_database, argv):
+    p = run([PYTHON, "manage.py", *argv], env={"DATABASE_URL": empty_database})
+    one_line_error(p, "is not migrated: run manage.py migrate")
+
+
+def test_i24_3_redis_unreachable_where_a_command_needs_it():
+    create_stream("rd", 2)
+    p = run([PYTHON, "manage.py", "reshard", "rd", "--shards", "3"],
+            env={"REDIS_URL": "redis://127.0.0.1:1/0", "STREAM_REDIS_URL": "redis://127.0.0.1:1/0"})
+    one_line_error(p, "STREAM_REDIS_URL", "Connection refused")
+
+
+def test_i24_3_output_piped_into_head_exits_quietly():
+    create_stream("bp", 1024)
+    create_group("bp-g", "bp")  # describe prints a line per shard: more than a pipe's buffer
+    pipeline = [PYTHON, "manage.py", "describe_group", "bp-g", "|", "head", "-1", ";", "exit", "${PIPESTATUS[0]}"]
+    p = run(pipeline, shell=True)  # noqa: S604 - the tests' own pipeline
+    assert p.stdout.startswith("GROUP bp-g")
+    assert p.stdout.count("\n") == 1
+    assert "Traceback" not in p.stderr
+    assert "BrokenPipe" not in p.stderr, p.stderr
+    assert p.returncode == 141  # 128 + SIGPIPE, as a shell tool stopped by the pipe
