@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from django.db import connection
 
+from groups.models import Group
 from groups.services import create_group, create_stream
 
 from .conftest import ROOT, live_database_url
@@ -138,11 +139,15 @@ def test_i24_3_redis_unreachable_where_a_command_needs_it():
 
 
 def test_i24_3_output_piped_into_head_exits_quietly():
-    create_stream("bp", 1024)
-    create_group("bp-g", "bp")  # describe prints a line per shard: more than a pipe's buffer
-    pipeline = [PYTHON, "manage.py", "describe_group", "bp-g", "|", "head", "-1", ";", "exit", "${PIPESTATUS[0]}"]
+    stream = create_stream("bp", 1)
+    # A line per group, ~300 KiB: more than a pipe's buffer (64 KiB) and head's one read (GNU
+    # head reads up to 128 KiB) together, so the command is surely still writing when head
+    # has gone. (One big write cut short by the closed pipe ends quietly in any case.)
+    # Rows only (list_groups reads nothing else): the service would take a minute here.
+    Group.objects.bulk_create(Group(name=f"bp-{i:04d}", stream=stream) for i in range(2500))
+    pipeline = [PYTHON, "manage.py", "list_groups", "|", "head", "-1", ";", "exit", "${PIPESTATUS[0]}"]
     p = run(pipeline, shell=True)  # noqa: S604 - the tests' own pipeline
-    assert p.stdout.startswith("GROUP bp-g")
+    assert p.stdout.startswith("bp-0000")
     assert p.stdout.count("\n") == 1
     assert "Traceback" not in p.stderr
     assert "BrokenPipe" not in p.stderr, p.stderr
