@@ -46,6 +46,7 @@ from assignments.models import ShardAssignment
 from coordination import engine
 from coordination.model import HeartbeatRequest, HeartbeatResponse, MemberStatus
 from coordinator_project import dbpool
+from coordinator_project.process_state import PROCESS, ProcessCache
 from dataplane.protocol import Status
 from groups.models import Group, Shard, Stream
 from members.models import Member as MemberRow
@@ -156,7 +157,12 @@ UPDATE {_M} AS m
 """
 
 
-_refreshed: dict[int, float] = {}  # group pk -> when a steady heartbeat last caught up here
+_refreshed: ProcessCache[int, float] = PROCESS.own(
+    "snapshot refresh times", ProcessCache(),
+    "key: group id -> when a steady heartbeat last caught this process's snapshot up"
+    " (monotonic); bound: one per group this process served; invalidated: never (a rate limit:"
+    " one catch-up a second); N hosts: only decides when to catch up.",
+)
 
 
 @dataclass(frozen=True)
@@ -304,7 +310,19 @@ def _cooperative() -> bool:
     return bool(monkey.is_module_patched("threading"))
 
 
-_GROUP_READS = _GroupReads(lambda group: _liveness_query(_VERSION_SQL, (group,)))
+PROCESS.own(
+    "cooperative worker", _cooperative,
+    "key: none (whether this process runs on gevent's patched threads); bound: one value;"
+    " invalidated: never (fixed once the worker has started); N hosts: a fact of this process.",
+    reset=_cooperative.cache_clear,
+)
+_GROUP_READS = PROCESS.own(
+    "shared group reads", _GroupReads(lambda group: _liveness_query(_VERSION_SQL, (group,))),
+    "key: group name -> the read of its row not started yet and the one in flight; bound: two"
+    " per group; invalidated: each read is used once, by heartbeats that arrived before it"
+    " started; N hosts: it is a fresh read of the database.",
+    reset=lambda: None,  # holds nothing between requests
+)
 
 
 def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
@@ -525,7 +543,14 @@ def _stamp_rows(rows: dict[int, tuple[datetime, str | None, int]]) -> str:
     ) + "]"
 
 
-STAMPS = _Stamps()
+STAMPS = PROCESS.own(
+    "pending stamps", _Stamps(),
+    "Last-seen stamps of steady heartbeats not yet written. key: member row id -> (last-seen,"
+    " report, epoch); bound: one per member heartbeating here, written every RSC_STAMP_PERIOD_S"
+    " and before each locked pass; invalidated: written (compare-and-set: never back, only"
+    " STABLE at that epoch); N hosts: L1 allows one stamp period.",
+    reset=lambda: STAMPS.flush(), close=lambda: STAMPS.stop(),
+)
 
 
 def flush_stamps() -> None:

@@ -29,6 +29,7 @@ from coordination.model import (
     HeartbeatResponse,
 )
 from coordinator_project.named_locks import NamedLocks
+from coordinator_project.process_state import PROCESS, ProcessCache
 from dataplane.protocol import JOIN_EPOCH, ErrorCode
 from groups.api_errors import error_body
 from groups.metadata import group_metadata
@@ -116,7 +117,13 @@ class _Queued:
     error: BaseException | None = None
 
 
-_queues: dict[str, deque[_Queued]] = {}
+_queues: ProcessCache[str, deque[_Queued]] = PROCESS.own(
+    "group queues", ProcessCache(),
+    "Locked heartbeats waiting for this process's next pass of their group. key: group name ->"
+    " queued heartbeats; bound: one queue per group, each emptied by the passes (BATCH_MAX at a"
+    " time); invalidated: each pass takes what it applies; N hosts: the group's row lock"
+    " serialises passes across processes.",
+)
 
 
 def _locked_in_turn(group_name: str, mine: _Queued) -> HeartbeatResult:
@@ -209,7 +216,12 @@ def _result(group: Any, response: HeartbeatResponse) -> HeartbeatResult:
     return HeartbeatResult(response, metadata)
 
 
-_counting = NamedLocks()  # group name → its member count in flight
+_counting = PROCESS.own(
+    "join count gates", NamedLocks(),
+    "One lock-free member count per group and process at a time. key: group name -> lock;"
+    " bound: one per group this process served; invalidated: never (a lock holds no data);"
+    " N hosts: the count only refuses a join R1 would refuse under the lock.",
+)
 
 
 def _refused_join(group_name: str, req: HeartbeatRequest) -> HeartbeatResponse | None:

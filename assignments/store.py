@@ -19,9 +19,11 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from assignments.models import ShardAssignment
+from coordination import assignor
 from coordination.model import LIVE_STATUSES, Changes, GroupState, Member, MemberStatus, ShardSlot
 from coordinator_project import dbpool
 from coordinator_project.named_locks import NamedLocks
+from coordinator_project.process_state import PROCESS, ProcessCache
 from groups.models import Group, Shard, Stream, VersionState
 from members.models import Member as MemberRow
 
@@ -60,9 +62,12 @@ class _ShardInfo:
     sealed: bool
 
 
-# The static part of a stream's shards, per process, by (stream, metadataEpoch): every change
-# to versions (new version, seal, retire) raises the stream's metadataEpoch.
-_catalogue: dict[tuple[int, int], dict[int, _ShardInfo]] = {}
+_catalogue: ProcessCache[tuple[int, int], dict[int, _ShardInfo]] = PROCESS.own(
+    "shard catalogue", ProcessCache(),
+    "The static part of a stream's shards. key: (stream id, stream metadataEpoch); bound: 256"
+    " entries, then emptied; invalidated: a new stream metadataEpoch (every change of versions"
+    " raises it); N hosts: every host reads the same rows for one epoch.",
+)
 
 
 def _shard_catalogue(stream_id: int, metadata_epoch: int, need: set[int]) -> dict[int, _ShardInfo]:
@@ -332,7 +337,16 @@ class Snapshot:
     steady: dict[tuple[object, ...], Any] = field(default_factory=dict)
 
 
-_snapshots: OrderedDict[int, Snapshot] = OrderedDict()
+_snapshots: OrderedDict[int, Snapshot] = PROCESS.own(
+    "group snapshots", OrderedDict(),
+    "Each group's last full state used under its lock, with its steady-answer memo (Snapshot."
+    "steady: one per member and request, 20,000). key: group id; bound: _SNAPSHOT_GROUPS, least"
+    " recently used out; invalidated: a group row whose state_version, metadata epochs,"
+    " deletion_epoch or created_at differ (checked on every use), a locked pass (memo), rollback;"
+    " N hosts: every write on any host raises one of those in the same transaction (assignments."
+    "writer).",
+    reset=lambda: forget_snapshots(),
+)
 _snapshots_lock = threading.Lock()
 _SNAPSHOT_GROUPS = 64  # groups per process; the least recently used snapshot goes first
 
@@ -364,7 +378,12 @@ def clearly_has_room(group_name: str, joining: int = 1) -> bool:
     return max_members - live >= joining
 
 
-_seats: dict[str, tuple[int, int]] = {}  # group name → (maxMembers, live members), last seen here
+_seats: ProcessCache[str, tuple[int, int]] = PROCESS.own(
+    "seat figures", ProcessCache(),
+    "key: group name -> (maxMembers, live members) last seen here; bound: one per group this"
+    " process served; invalidated: each snapshot check-in and count; N hosts: only lets a join"
+    " skip the lock-free count, R1 under the group lock decides.",
+)
 
 
 def _checkout(group_pk: int) -> Snapshot | None:
@@ -390,7 +409,12 @@ def _checkin(group_pk: int, snap: Snapshot) -> None:
 # snapshot and loads the whole group (~20 ms for 1,000 × 4,096). In a join storm that was one
 # locked pass in six. Waiting here is cooperative (gevent patches threading) and costs
 # nothing the row lock would not: the passes of a group run one at a time anyway.
-_gates = NamedLocks()
+_gates = PROCESS.own(
+    "group gates", NamedLocks(),
+    "One locked pass per group and process. key: group name -> lock; bound: one per group this"
+    " process served; invalidated: never (a lock holds no data); N hosts: the group's row lock"
+    " orders passes across processes, this only orders them within one.",
+)
 
 
 @contextmanager
@@ -418,6 +442,7 @@ def forget_snapshots() -> None:
     with _snapshots_lock:
         _snapshots.clear()
         _seats.clear()
+        _pk_by_name.clear()
 
 
 def _shape(group: Group) -> tuple[object, ...]:
@@ -526,7 +551,24 @@ _LOCK_SQL = (
     f" FROM {Group._meta.db_table} AS g JOIN {Stream._meta.db_table} AS s ON s.id = g.stream_id"
     " WHERE g.name = %s FOR UPDATE OF g"  # not the stream row: see lock_group
 )
-_pk_by_name: dict[str, int] = {}  # group name → row id, for snapshots this process holds
+_pk_by_name: ProcessCache[str, int] = PROCESS.own(
+    "group ids", ProcessCache(),
+    "key: group name -> row id, for snapshots this process holds; bound: one per group this"
+    " process served; invalidated: a lock by name that finds another id drops the snapshot;"
+    " N hosts: the lock statement goes by name and returns the id it found.",
+)
+PROCESS.own(
+    "assignor orders", assignor._order_cache,
+    "The natural order of a shard set (pure memo of coordination.assignor). key: the frozenset"
+    " of shard ids; bound: 8; invalidated: never needed (a function of its key); N hosts: the"
+    " same on every host.",
+)
+PROCESS.own(
+    "assignor ranks", assignor._rank_cache,
+    "Each shard's natural rank in a shard set (pure memo of coordination.assignor). key: the"
+    " frozenset of shard ids; bound: 8; invalidated: never needed (a function of its key);"
+    " N hosts: the same on every host.",
+)
 
 
 def lock_and_load(

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 
 from coordinator_project.preflight import exit_on_environment_problem
 
@@ -70,3 +70,11 @@ def installation_namespace() -> str:
 @app.on_after_configure.connect
 def _use_installation_namespace(sender: Celery, **_: Any) -> None:
     sender.conf.update(namespace_settings(installation_namespace()))
+
+
+@signals.worker_process_shutdown.connect
+def _close_process_state(**_: Any) -> None:
+    # Issue 23.1: what this worker process keeps is flushed and closed (process_state.PROCESS).
+    from coordinator_project.process_state import PROCESS
+
+    PROCESS.close()

@@ -74,3 +74,10 @@ def post_worker_init(worker: Any) -> None:
     # the collector's generations, a full collection no longer walks them. Measured under
     # gevent, where a pause stalls every request of the worker: 150-270 ms → mostly 10-35 ms.
     gc.freeze()
+
+
+def worker_exit(server: Any, worker: Any) -> None:
+    # Issue 23.1: pending last-seen stamps written, heartbeat tallies folded, clients closed.
+    from coordinator_project.process_state import PROCESS
+
+    PROCESS.close()

@@ -45,6 +45,7 @@ from prometheus_client.registry import Collector
 from assignments import selectors as assignment_selectors
 from coordination.liveness import LATE_AFTER_INTERVALS, Liveness
 from coordination.model import MemberStatus, ShardState
+from coordinator_project.process_state import PROCESS
 from dataplane.protocol import ErrorCode
 from groups import selectors as group_selectors
 from groups import shardstats
@@ -125,7 +126,14 @@ class _HeartbeatTally:
                     value.inc(n)
 
 
-_TALLY = _HeartbeatTally()
+_TALLY = PROCESS.own(
+    "heartbeat tally", _HeartbeatTally(),
+    "Heartbeat counts and latencies not yet in the metrics. key: (group, code, path) -> count,"
+    " plus latency buckets; bound: one entry per label set, folded every FOLD_PERIOD_S;"
+    " invalidated: folded (a scrape here folds first; exit folds); N hosts: each process"
+    " reports its own, summed by the scraper.",
+    reset=lambda: _TALLY.fold(), close=lambda: _TALLY.fold(),
+)
 
 
 def fold_heartbeat_tally() -> None:
@@ -134,7 +142,11 @@ def fold_heartbeat_tally() -> None:
 
 # Refusals an unauthenticated or misbehaving client can repeat at will: one line per 10 s each.
 _THROTTLED_CODES = frozenset({ErrorCode.AUTHENTICATION_FAILED, ErrorCode.RATE_LIMITED})
-REFUSAL_LOG_THROTTLE = LogThrottle(every=10.0)
+REFUSAL_LOG_THROTTLE = PROCESS.own(
+    "heartbeat refusal log throttle", LogThrottle(every=10.0),
+    "One warning line per refusal kind per 10 s."
+    " key: a refusal's kind -> when its last line was logged, lines held since; bound: 1,000 kinds, then emptied; invalidated: every 10 s per kind; N hosts: per process by design (each logs its own lines).",
+)
 
 
 def record_heartbeat(group: str, data: Any, body: Any, seconds: float, path: str = "") -> None:

@@ -23,3 +23,8 @@ class NamedLocks:
         """Forget `name`'s lock (its current holders and waiters keep the one they have)."""
         with self._guard:
             self._locks.pop(name, None)
+
+    def clear(self) -> None:
+        """Forget every name's lock (tests; holders and waiters keep the ones they have)."""
+        with self._guard:
+            self._locks.clear()

@@ -25,6 +25,7 @@ from django.views.decorators.http import require_safe
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from coordinator_project.process_state import PROCESS
 from groups.models import SweepRun
 from members.intake import current_intake, probe_heartbeat_tables
 
@@ -87,6 +88,10 @@ def _check_intake() -> str:
 def _probe_client(url: str) -> redis.Redis:
     # One quick attempt: redis-py 8 retries with backoff by default, far too long for a probe.
     return redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
+
+
+PROCESS.own("readiness Redis clients", _probe_client, "key: REDIS_URL -> client; bound: one per URL; invalidated: never (a connection pool, no data); N hosts: holds no state.",
+            reset=_probe_client.cache_clear)
 
 
 def _check_redis() -> str:

@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import connections
 from gevent import monkey
 
+from coordinator_project.process_state import PROCESS
 from dataplane.protocol import ErrorCode
 from groups.ratelimit import LogThrottle
 
@@ -40,7 +41,11 @@ StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 # One warning line per kind per 10 s (with a count), not one per request of an attack.
-_refusals = LogThrottle(every=10.0)
+_refusals = PROCESS.own(
+    "connection refusal log throttle", LogThrottle(every=10.0),
+    "One warning line per refusal kind per 10 s."
+    " key: a refusal's kind -> when its last line was logged, lines held since; bound: 1,000 kinds, then emptied; invalidated: every 10 s per kind; N hosts: per process by design (each logs its own lines).",
+)
 
 
 class RequestDeadlineExceeded(BaseException):

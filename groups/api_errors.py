@@ -11,6 +11,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from coordinator_project.process_state import PROCESS
 from dataplane.protocol import ErrorCode
 from groups.api_parsers import PayloadTooLarge, payload_too_large
 from groups.ratelimit import LogThrottle
@@ -48,7 +49,11 @@ def flatten_errors(detail: Any, path: str = "") -> list[str]:
 
 
 # Bad keys are free to repeat: one warning line per 10 s (with a count), not one per request.
-_auth_refusals = LogThrottle(every=10.0)
+_auth_refusals = PROCESS.own(
+    "authentication refusal log throttle", LogThrottle(every=10.0),
+    "One warning line per 10 s for bad keys."
+    " key: a refusal's kind -> when its last line was logged, lines held since; bound: 1,000 kinds, then emptied; invalidated: every 10 s per kind; N hosts: per process by design (each logs its own lines).",
+)
 
 
 def _log_refusal_once(response: Response, context: dict[str, Any]) -> None:

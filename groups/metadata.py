@@ -9,14 +9,23 @@ from typing import Any
 
 from rest_framework.renderers import JSONRenderer
 
+from coordinator_project.process_state import PROCESS, ProcessCache
 from dataplane.routing import HASH_ALGORITHM
 from dataplane.routing import ShardVersion as RoutingVersion
 from groups.models import Group, ShardVersion, Stream, VersionState
 
-_cache: dict[tuple[str, int, int], dict[str, Any]] = {}
-# The JSON text of cached documents, by the document's id (the entry keeps the document alive,
-# so the id is not reused while the entry exists).
-_rendered: dict[int, tuple[dict[str, Any], bytes]] = {}
+_cache: ProcessCache[tuple[str, int, int], dict[str, Any]] = PROCESS.own(
+    "metadata documents", ProcessCache(),
+    "key: ('group', group id, group metadataEpoch) or ('stream', stream id, stream"
+    " metadataEpoch) -> document; bound: 1,024, then emptied; invalidated: a new metadataEpoch"
+    " (every change a document shows raises it); N hosts: one document per epoch everywhere.",
+)
+# The entry keeps the document alive, so the id is not reused while the entry exists.
+_rendered: ProcessCache[int, tuple[dict[str, Any], bytes]] = PROCESS.own(
+    "rendered metadata documents", ProcessCache(),
+    "The JSON text of cached documents. key: the id() of a document of _cache -> (document,"
+    " bytes); bound: 64, then emptied; invalidated: with its document; N hosts: as _cache.",
+)
 
 
 def versions_document(stream: Stream) -> list[dict[str, Any]]:

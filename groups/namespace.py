@@ -22,6 +22,7 @@ import redis
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from coordinator_project.process_state import PROCESS
 from dataplane.routing import ShardKeys
 from groups.errors import ServiceError
 from groups.models import Installation
@@ -62,6 +63,10 @@ def owner_key(prefix: str) -> str:
 @cache
 def _client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True)
+
+
+PROCESS.own("stream Redis clients (namespace)", _client, "key: STREAM_REDIS_URL -> client; bound: one per URL; invalidated: never (a connection pool, no data); N hosts: holds no state.",
+            reset=_client.cache_clear)
 
 
 def stream_redis() -> redis.Redis:

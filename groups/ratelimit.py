@@ -11,6 +11,8 @@ from collections.abc import Hashable
 
 from django.conf import settings
 
+from coordinator_project.process_state import PROCESS
+
 
 class TokenBuckets:
     """One token bucket per key: `rate` tokens a second, at most `burst` saved up."""
@@ -33,6 +35,9 @@ class TokenBuckets:
             return 0.0
         self._buckets[key] = (tokens, now)
         return (1.0 - tokens) / rate
+
+    def clear(self) -> None:
+        self._buckets.clear()
 
 
 class LogThrottle:
@@ -62,7 +67,12 @@ class LogThrottle:
         self._held.clear()
 
 
-_joins = TokenBuckets()
+_joins = PROCESS.own(
+    "join rate limits", TokenBuckets(),
+    "key: ('key', API key id) or ('ip', client address) -> (tokens, at); bound: 10,000 keys,"
+    " oldest out; invalidated: refills with time; N hosts: per web worker by design"
+    " (JOIN_RATE_* is per worker, documented).",
+)
 
 
 def join_retry_after(key_id: int, client_ip: str, now: float | None = None) -> int:
@@ -86,4 +96,4 @@ def _retry_after(kind: str, key_id: int, client_ip: str, now: float | None) -> i
 
 
 def reset_join_limits() -> None:
-    _joins._buckets.clear()
+    _joins.clear()

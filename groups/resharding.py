@@ -31,6 +31,7 @@ from assignments.models import ShardAssignment
 from assignments.store import load_state, lock_group
 from assignments.writer import add_slots, delete_retired_slots, raise_metadata_epoch, save_state
 from coordination import engine
+from coordinator_project.process_state import PROCESS
 from dataplane.routing import ShardKeys, parent_indexes, shard_id
 from groups.errors import ServiceError
 from groups.models import Event, Group, Shard, ShardVersion, Stream, StreamState, VersionState
@@ -264,6 +265,10 @@ def _sync_group(group: Group, now: datetime, *, raise_metadata: bool) -> None:
 @cache
 def _stream_redis(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+
+
+PROCESS.own("stream Redis clients (seal markers)", _stream_redis, "key: STREAM_REDIS_URL -> client; bound: one per URL; invalidated: never (a connection pool, no data); N hosts: holds no state.",
+            reset=_stream_redis.cache_clear)
 
 
 def _write_seal_markers(keys: list[tuple[str, str]]) -> None:

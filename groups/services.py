@@ -23,6 +23,7 @@ from assignments.writer import create_group_rows, save_state, update_group_setti
 from coordination import engine
 from coordination.model import GroupState
 from coordinator_project import dbpool
+from coordinator_project.process_state import PROCESS, ProcessCache
 from dataplane.routing import shard_id
 from groups.errors import ServiceError
 from groups.models import (
@@ -182,8 +183,19 @@ KEY_CACHE_MAX = 10_000
 MAX_KEY_LENGTH = 128  # ours are 47 characters; longer is not worth hashing
 LAST_USED_EVERY = timedelta(minutes=1)
 MAX_GRACE_SECONDS = 30 * 86_400
-_key_cache: dict[str, tuple[float, KeyScope]] = {}
-_unknown_keys: dict[str, float] = {}
+_key_cache: ProcessCache[str, tuple[float, KeyScope]] = PROCESS.own(
+    "API keys", ProcessCache(),
+    "key: SHA-256 of a bearer key -> (valid until, scope); bound: KEY_CACHE_MAX, then emptied;"
+    " invalidated: KEY_CACHE_SECONDS (1 s), at once in this worker on revoke or rotate;"
+    " N hosts: a revocation reaches every worker of every host within 1 s.",
+)
+_unknown_keys: ProcessCache[str, float] = PROCESS.own(
+    "unknown API keys", ProcessCache(),
+    "key: SHA-256 of a key no row has -> until when it is refused unseen; bound: KEY_CACHE_MAX,"
+    " then emptied; invalidated: NEGATIVE_CACHE_SECONDS (5 s), on key creation in this worker;"
+    " N hosts: a key created on another host works here within 5 s (keys are random: a guessed"
+    " one never becomes valid).",
+)
 class _KeyFlight:
     """A key lookup in flight: its waiters get its scope, or its error."""
 
@@ -193,16 +205,29 @@ class _KeyFlight:
         self.error: BaseException | None = None
 
 
-_flights: dict[str, _KeyFlight] = {}  # key digest → its lookup in flight
+_flights: ProcessCache[str, _KeyFlight] = PROCESS.own(
+    "API key lookups in flight", ProcessCache(),
+    "key: SHA-256 of a bearer key -> its one database lookup in flight; bound: one per key being"
+    " looked up; invalidated: the lookup's end; N hosts: each is a fresh read.",
+    reset=lambda: None,  # waiters hold their flight; it removes itself when done
+)
 _flights_guard = threading.Lock()
 
 
 @functools.lru_cache(maxsize=1024)
-def _hash(raw: str) -> str:
+def _hash(raw: str) -> str:  # owned below (PROCESS: "API key hashes")
     # Memoized: every request hashes its key (a few µs of a steady heartbeat's ~0.3 ms beyond
     # the DRF ceiling); a process sees few distinct keys. Raw keys are in memory per request
     # anyway; a flood of random ones only churns this cache.
     return hashlib.sha256(raw.encode()).hexdigest()
+
+
+PROCESS.own(
+    "API key hashes", _hash,
+    "key: a raw bearer key -> its SHA-256; bound: 1,024 (LRU); invalidated: never needed (a"
+    " function of its key); N hosts: the same on every host.",
+    reset=_hash.cache_clear,
+)
 
 
 def _new_key(**fields: object) -> tuple[str, ApiKey]:

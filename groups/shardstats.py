@@ -43,6 +43,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
+from coordinator_project.process_state import PROCESS, ProcessCache
 from dataplane.routing import ShardKeys
 
 
@@ -166,8 +167,20 @@ def read_shard_stats(
 
 
 # --- the cached shell ---------------------------------------------------------------------------
-_clients: dict[tuple[str, bool], redis.Redis | RedisCluster] = {}
-_cache: dict[tuple[str, str, tuple[str, ...]], tuple[float, GroupStats]] = {}  # → (read at, stats)
+_clients: ProcessCache[tuple[str, bool], redis.Redis | RedisCluster] = PROCESS.own(
+    "shard figure Redis clients", ProcessCache(),
+    "key: (STREAM_REDIS_URL, cluster) -> client; bound: one per URL; invalidated: a failed read"
+    " drops its client; N hosts: a connection, no data.",
+    reset=lambda: clear_cache(), close=lambda: clear_cache(),
+)
+_cache: ProcessCache[tuple[str, str, tuple[str, ...]], tuple[float, GroupStats]] = PROCESS.own(
+    "shard figures", ProcessCache(),
+    "key: (group, key prefix, shard ids) -> (read at, figures); bound: 4,096, then emptied;"
+    " invalidated: age (SHARD_STATS_CACHE_SECONDS, served stale up to"
+    " SHARD_STATS_STALE_SECONDS), forget() after a position reset here; N hosts: read-only"
+    " figures for pages, each host reads Redis itself.",
+    reset=lambda: clear_cache(),
+)
 _lock = threading.Lock()
 
 
@@ -231,7 +244,12 @@ def _read(key: tuple[str, str, tuple[str, ...]]) -> GroupStats:
     return result
 
 
-_refreshing: set[tuple[str, str, tuple[str, ...]]] = set()
+_refreshing: set[tuple[str, str, tuple[str, ...]]] = PROCESS.own(
+    "shard figure refreshes", set(),
+    "key: (group, key prefix, shard ids) being re-read in the background; bound: one per key;"
+    " invalidated: the refresh's end; N hosts: each host refreshes its own figures.",
+    reset=lambda: None,  # a refresh in flight removes its own key
+)
 _lock_refreshing = threading.Lock()
 
 

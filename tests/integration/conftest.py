@@ -18,34 +18,28 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from assignments import fastpath
-from assignments.store import forget_snapshots
+import assignments.fastpath  # noqa: F401 - its state is owned by PROCESS from import on
+from coordinator_project.process_state import PROCESS
 from dataplane.routing import ShardKeys
-from groups.services import clear_key_cache, create_api_key, create_group, create_stream
+from groups.services import create_api_key, create_group, create_stream
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
-def _fresh_key_cache() -> Iterator[None]:
-    clear_key_cache()
+def _fresh_process_state() -> Iterator[None]:
+    # Every per-process cache starts empty (coordinator_project.process_state); afterwards
+    # the batched last-seen stamps (assignments.fastpath) land in the test that caused them.
+    PROCESS.reset()
     yield
-    clear_key_cache()
-
-
-@pytest.fixture(autouse=True)
-def _stamps_written_and_snapshots_dropped() -> Iterator[None]:
-    # Batched last-seen stamps (assignments.fastpath) land in the test that caused them.
-    yield
-    fastpath.STAMPS.flush()
-    forget_snapshots()
+    PROCESS.reset()
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _stamp_thread_stopped(django_db_setup: None) -> Iterator[None]:
-    # Its database connection would keep the test database from being dropped.
+def _process_closed(django_db_setup: None) -> Iterator[None]:
+    # The stamp thread's database connection would keep the test database from being dropped.
     yield
-    fastpath.STAMPS.stop()
+    PROCESS.close()
 
 
 @dataclass

@@ -375,6 +375,7 @@ def test_s6_reshard_while_members_heartbeat_concurrently(stream_redis: redis.Red
 def test_i23_2_group_metadata_is_one_document_per_metadata_epoch_across_sealing(stream_redis: redis.Redis):
     """PREPARING -> SEALING raises only the stream's epoch: a process that built the group's
     document before it and one that builds it after must serve the same document."""
+    from coordinator_project.process_state import PROCESS
     from groups import metadata
 
     fx = make_group(stream="rs-doc", group="rs-doc-g", shards=2)
@@ -382,7 +383,7 @@ def test_i23_2_group_metadata_is_one_document_per_metadata_epoch_across_sealing(
     before = metadata.group_metadata(Group.objects.select_related("stream").get(name=fx.group))
     with override_settings(STREAM_REDIS_URL="redis://127.0.0.1:1/0"):
         assert run_all_sweeps()["resharding"]["rs-doc"]["state"] == "SEALING"
-    metadata._cache.clear()  # another process: nothing cached
+    PROCESS.reset()  # another process: nothing cached
     group = Group.objects.select_related("stream").get(name=fx.group)
     assert group.metadata_epoch == before["metadataEpoch"]
     assert metadata.group_metadata(group) == before

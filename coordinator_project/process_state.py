@@ -1,0 +1,94 @@
+"""The one owner of this process's in-memory state (issue 23.1).
+
+Every cache, memo, queue, gate and buffer a coordinator process keeps between requests is
+created by the module that uses it and handed to `PROCESS` with `own()`, together with one
+line that says its key, its bound, what invalidates it, and why it stays correct with N
+coordinator hosts on one PostgreSQL. Nothing here is authoritative: the database is.
+
+- `PROCESS.reset()` forgets everything (tests; a database rewind detected after a restore).
+- `PROCESS.close()` flushes and closes what holds resources (worker exit: pending last-seen
+  stamps written, Redis clients closed), then forgets the rest.
+- `PROCESS.owned()` lists what is owned (the test that every entry is documented, the docs'
+  table of per-process state).
+
+A module keeps a reference to what it owns for speed (a steady heartbeat reads several of
+these per request); the owner only has to reach each of them.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
+
+# What each entry's one line must say (checked by tests/unit/test_process_state.py).
+DOC_PARTS = ("key:", "bound:", "invalidated:", "N hosts:")
+
+
+class ProcessCache(dict[K, V]):
+    """A plain dict that the process state owns (reset() empties it). A subclass, so reads
+    stay the C dict's own methods: the steady heartbeat path reads several per request."""
+
+    def reset(self) -> None:
+        self.clear()
+
+
+@dataclass(frozen=True)
+class Owned:
+    name: str
+    thing: Any
+    doc: str
+    reset: Callable[[], None]
+    close: Callable[[], None]
+
+
+def _default(thing: Any, *names: str) -> Callable[[], None]:
+    for name in names:
+        method = getattr(thing, name, None)
+        if callable(method):
+            return method  # type: ignore[no-any-return]
+    return lambda: None
+
+
+class ProcessState:
+    """This process's caches and buffers, each with its one-line contract."""
+
+    def __init__(self) -> None:
+        self._owned: dict[str, Owned] = {}
+        self._lock = threading.Lock()
+
+    def own(
+        self, name: str, thing: T, doc: str, *,
+        reset: Callable[[], None] | None = None, close: Callable[[], None] | None = None,
+    ) -> T:
+        """Take `thing` into the process state under `name` and return it. `reset` defaults to
+        its reset() or clear(); `close` to its close(), else the reset. A module imported again
+        (a test reloading it) replaces its earlier entry."""
+        reset = reset or _default(thing, "reset", "clear")
+        if close is None:
+            close = _default(thing, "close") if callable(getattr(thing, "close", None)) else reset
+        entry = Owned(name, thing, doc, reset, close)
+        with self._lock:
+            self._owned[name] = entry
+        return thing
+
+    def owned(self) -> dict[str, Owned]:
+        with self._lock:
+            return dict(self._owned)
+
+    def reset(self) -> None:
+        """Forget every cache (tests; a detected database rewind)."""
+        for entry in self.owned().values():
+            entry.reset()
+
+    def close(self) -> None:
+        """Worker exit: flush and close in the reverse order of taking, then forget."""
+        for entry in reversed(list(self.owned().values())):
+            entry.close()
+
+
+PROCESS = ProcessState()

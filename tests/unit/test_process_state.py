@@ -1,0 +1,117 @@
+"""Issue 23.1: one owner for per-process state (coordinator_project.process_state.PROCESS).
+
+Every cache, memo, queue, gate and buffer a coordinator process keeps is owned by PROCESS with
+a one-line contract (key, bound, invalidation, why it is correct with N hosts); reset()
+empties them (tests, a database rewind) and no module keeps one of its own on the side.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+from coordinator_project.process_state import DOC_PARTS, PROCESS, Owned
+
+ROOT = Path(__file__).resolve().parents[2]
+APPS = ("assignments", "groups", "members", "coordinator_project")
+# Modules whose state PROCESS owns: imported so that each has handed its state over.
+OWNERS = (
+    "assignments.store", "assignments.fastpath", "assignments.services", "groups.services",
+    "groups.metadata", "groups.ratelimit", "groups.shardstats", "groups.namespace",
+    "groups.resharding", "groups.api_errors", "coordinator_project.metrics",
+    "coordinator_project.views",
+)
+_EMPTY_CONTAINERS = {"dict", "set", "list", "OrderedDict", "deque", "defaultdict", "NamedLocks",
+                     "TokenBuckets", "LogThrottle", "WeakValueDictionary", "WeakKeyDictionary"}
+_CACHE_DECORATORS = {"cache", "lru_cache"}
+
+
+@pytest.fixture(scope="module")
+def owned() -> dict[str, Owned]:
+    for name in OWNERS:
+        importlib.import_module(name)
+    return PROCESS.owned()
+
+
+def test_i23_1_every_owned_cache_states_key_bound_invalidation_and_why_n_hosts(owned: dict[str, Owned]):
+    assert len(owned) >= 20
+    undocumented = {name: [p for p in DOC_PARTS if p not in entry.doc] for name, entry in owned.items()}
+    assert {name: parts for name, parts in undocumented.items() if parts} == {}
+
+
+def test_i23_1_the_core_s_memos_are_owned_too(owned: dict[str, Owned]):
+    from coordination import assignor
+
+    things = [entry.thing for entry in owned.values()]
+    assert any(t is assignor._order_cache for t in things)
+    assert any(t is assignor._rank_cache for t in things)
+
+
+def _decorator_name(node: ast.expr) -> str:
+    node = node.func if isinstance(node, ast.Call) else node
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+
+def _loose_state(path: Path, root: Path = ROOT) -> list[str]:
+    """Module-level containers and memoized functions not handed to PROCESS.own()."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    owned_names = {
+        arg.id for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and _decorator_name(node) == "own"
+        for arg in node.args if isinstance(arg, ast.Name)
+    }
+    found = []
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, (ast.Dict, ast.Set, ast.List, ast.Call)):
+            value = node.value
+            empty = (isinstance(value, (ast.Dict, ast.List)) and not (getattr(value, "keys", None) or getattr(value, "elts", None)))
+            made = isinstance(value, ast.Call) and _decorator_name(value) in _EMPTY_CONTAINERS
+            if empty or made:
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+        elif (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+              and any(_decorator_name(d) in _CACHE_DECORATORS for d in node.decorator_list)
+              and node.name not in owned_names):
+            found.append(f"{path.relative_to(root)}:{node.lineno} ({node.name})")
+    return found
+
+
+def test_i23_1_no_module_keeps_per_process_state_of_its_own():
+    loose = [
+        where for app in APPS for path in sorted((ROOT / app).rglob("*.py"))
+        if "migrations" not in path.parts and path.name not in {"settings.py", "test_settings.py"}
+        for where in _loose_state(path)
+    ]
+    assert loose == [], "hand these to coordinator_project.process_state.PROCESS.own():\n" + "\n".join(loose)
+
+
+def test_i23_1_the_check_catches_loose_state(tmp_path: Path):
+    source = (
+        "import functools\nfrom collections import OrderedDict\n"
+        "_seen: dict[str, int] = {}\n_order = OrderedDict()\n_owned = PROCESS.own('x', {}, 'doc')\n"
+        "@functools.cache\ndef _client(url): ...\n"
+    )
+    path = tmp_path / "mod.py"
+    path.write_text(source)
+    assert _loose_state(path, tmp_path) == ["mod.py:3", "mod.py:4", "mod.py:7 (_client)"]
+
+
+def test_i23_1_reset_empties_every_cache(owned: dict[str, Owned]):
+    from assignments import store
+    from groups import metadata, services
+
+    filled = []
+    for name, entry in owned.items():
+        thing = entry.thing
+        default_reset = entry.reset in (getattr(thing, "reset", None), getattr(thing, "clear", None))
+        if isinstance(thing, dict) and default_reset:
+            thing[("test", name)] = object()
+            filled.append(thing)
+    store._snapshots[-1] = object()  # type: ignore[assignment]
+    assert metadata._cache
+    assert services._key_cache
+    assert filled
+    PROCESS.reset()
+    assert not store._snapshots
+    assert [t for t in filled if t] == []
