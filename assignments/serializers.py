@@ -43,7 +43,8 @@ class HeartbeatRequestSerializer(serializers.Serializer):
                                      help_text="informational, e.g. host/pid")
     rebalanceTimeoutMs = serializers.IntegerField(
         required=False, allow_null=True, min_value=REBALANCE_TIMEOUT_MS_RANGE[0],
-        max_value=REBALANCE_TIMEOUT_MS_RANGE[1], help_text="on join; default: the group's")
+        max_value=REBALANCE_TIMEOUT_MS_RANGE[1],
+        help_text="on join; may shorten the group's rebalance timeout, never lengthen it (capped at the group's); default: the group's")
     metadataEpoch = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_EPOCH,
                                              help_text="metadata the member holds; behind → SYNC_METADATA")
     ownedShards = serializers.ListField(

@@ -51,3 +51,9 @@ def test_i27_8_a_shorter_rebalance_timeout_than_the_groups_is_kept(hb: Hb):
     status, a = hb({"memberId": "a", "memberEpoch": 0, "ownedShards": [], "rebalanceTimeoutMs": 5_000})
     assert status == 200, a
     assert Member.objects.get(member_id="a").rebalance_timeout_ms == 5_000
+
+
+def test_i27_8_the_api_schema_states_the_cap(api: APIClient):
+    r = api.get("/api/schema/", HTTP_ACCEPT="application/json")
+    assert r.status_code == 200
+    assert "capped at the group's" in r.content.decode()
