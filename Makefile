@@ -28,10 +28,15 @@ run: install
 	$(PY) scripts/run.py
 
 # Import contracts first (.importlinter: pure core, stand-alone data plane, the app layers).
+# pytest-xdist runs the suite on TEST_WORKERS processes (most tests wait on servers, Redis,
+# PostgreSQL or Celery, not the CPU), each with a database and a Redis database of its own
+# (coordinator_project/test_settings.py); tests that share one machine-wide thing run on one
+# worker (tests/conftest.py, XDIST_GROUPS). TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= 4
 test: install
 	$(VENV)/bin/lint-imports --no-logo --no-cache
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
-		$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+		$(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

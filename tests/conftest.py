@@ -6,8 +6,19 @@ import re
 
 import pytest
 
+# Tests that share something one machine has once run on one xdist worker (`make test` runs
+# with `--dist loadgroup`): the browser (its session fixture may apt-get install Chromium) and
+# the throw-away Redis Cluster (a session fixture: one cluster, not one per worker).
+XDIST_GROUPS = {"browser": "browser", "cluster_url": "redis-cluster"}
 
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ())) | {item.nodeid.split("/")[1]}
+        group = next((g for key, g in XDIST_GROUPS.items() if key in names), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if os.environ.get("DATABASE_URL", "").startswith("postgres"):
         return
     skip = pytest.mark.skip(reason="needs PostgreSQL: set DATABASE_URL (make test does)")
