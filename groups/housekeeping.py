@@ -128,6 +128,27 @@ def delete_group(name: str, *, purge_redis: bool = False, actor: str = "operator
     return result
 
 
+def purge_deleted_group(name: str, stream: str, *, actor: str = "operator") -> dict[str, Any]:
+    """Clear what a group deleted without --purge-redis left in Redis (its consumer groups and
+    fence tokens on the stream's live shards), so the name can be used again (issue 24.5).
+    Refused while a group of that name exists: that one is deleted with its own purge."""
+    with transaction.atomic():
+        if Group.objects.filter(name=name).exists():
+            raise ServiceError(
+                f"group {name!r} exists: delete it with manage.py delete_group {name} --purge-redis"
+            )
+        stream_row = Stream.objects.filter(name=stream).first()
+        if stream_row is None:
+            raise ServiceError(f"stream {stream!r} does not exist")
+        shard_ids = list(Shard.objects.filter(version__stream=stream_row)
+                         .exclude(version__state=VersionState.RETIRED).values_list("shard_id", flat=True))
+        result: dict[str, Any] = {"group": name, "stream": stream, "purgedRedis": True, "leftovers": True}
+        result.update(_purge_group(stream_row.key_prefix, shard_ids, name))
+        Event.objects.create(kind="group_leftovers_purged", stream=stream_row, actor=actor, detail=result)
+    log.info("leftover Redis keys of deleted group %s on %s purged by %s", name, stream, actor)
+    return result
+
+
 def _purge_group(prefix: str, shard_ids: list[str], group: str) -> dict[str, int]:
     """XGROUP DESTROY the group on every shard stream and delete its fence tokens.
 

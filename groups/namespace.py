@@ -97,7 +97,8 @@ def claim_prefix(prefix: str, client: redis.Redis | None = None) -> None:
 
 
 def check_new_shards(
-    prefix: str, shard_ids: Iterable[str], groups: Iterable[str] = (), client: redis.Redis | None = None
+    prefix: str, shard_ids: Iterable[str], groups: Iterable[str] = (), client: redis.Redis | None = None,
+    stream: str | None = None,
 ) -> None:
     """Refuse shards whose stream, seal marker or fence tokens already exist in Redis.
 
@@ -124,6 +125,16 @@ def check_new_shards(
             found.extend(k for k, n in zip(chunk, pipe.execute(), strict=True) if n)
     if found:
         more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+        if group_names and stream is not None:
+            # Issue 24.5: a group deleted without --purge-redis leaves its fence tokens; the
+            # name is usable again once they are gone, and the refusal says how.
+            raise ForeignKeysFound(
+                f"Redis already holds {found[0]}{more}: fence tokens of a group named"
+                f" {group_names[0]!r} on stream {stream!r} that this database does not have (a group"
+                " deleted without --purge-redis, or another installation using key prefix"
+                f" {prefix!r}). If it was this installation's, clear them with: manage.py delete_group"
+                f" {group_names[0]} --stream {stream} --purge-redis"
+            )
         raise ForeignKeysFound(
             f"Redis already holds {found[0]}{more}, which this database did not write (another "
             f"installation, or a deleted stream or group, used key prefix {prefix!r}). Delete "

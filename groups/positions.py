@@ -13,7 +13,10 @@ Positions (`to`):
   latest     only entries appended after the reset ("$", resolved by Redis per shard)
   <ID>       an entry ID (`1700000000000-0` or `1700000000000`): delivery resumes after it
   <ISO time> an ISO-8601 date-time: delivery resumes with the first entry at or after it
-Drained shards (sealed and read to the end by the group, §6) are left alone.
+  shift-by N each shard's last-delivered ID moves N entries (negative: the last N are delivered
+             again; positive: the next N are skipped), within the shard's entries
+Drained shards (sealed and read to the end by the group, §6) are left alone. A dry run shows
+the plan while members are live; applying it is refused then.
 """
 from __future__ import annotations
 
@@ -22,11 +25,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from django.db import transaction
+from django.utils import timezone
 from redis.exceptions import RedisError, ResponseError
 
 from assignments.models import ShardAssignment
 from assignments.store import lock_group
-from coordination.model import LIVE_STATUSES
+from coordination.model import LIVE_STATUSES, MemberStatus
 from dataplane.routing import ShardKeys, shard_sort_key
 from groups import shardstats
 from groups.errors import ServiceError
@@ -92,6 +96,59 @@ class ResetPlan:
         return out
 
 
+def _refuse_while_live(group: Group) -> None:
+    """Members reading a shard while its position moves would skip or repeat entries behind
+    its back. A static member that left temporarily (§9) still holds its shards: it is named
+    with its instance id, when it expires, and how to remove it now."""
+    live = list(
+        group.members.filter(status__in=[s.value for s in LIVE_STATUSES])
+        .order_by("member_id").values_list("member_id", "status", "instance_id", "last_heartbeat_at")[:50]
+    )
+    if not live:
+        return
+    now = timezone.now()
+    away = [(mid, iid, last) for mid, status, iid, last in live if status == MemberStatus.TEMPORARILY_LEFT]
+    running = [mid for mid, status, _iid, _last in live if status != MemberStatus.TEMPORARILY_LEFT]
+    parts = []
+    if running:
+        names = ", ".join(running[:5]) + (" and more" if len(running) > 5 else "")
+        parts.append(f"live members ({names}): stop them (or let them leave)")
+    if away:
+        def expires(last: datetime | None) -> str:
+            if last is None:
+                return "expires at the next sweep"
+            left = group.session_timeout_ms / 1000 - (now - last).total_seconds()
+            return f"expires in {max(0, round(left))} s"
+        names = ", ".join(f"{mid} (instance {iid}, {expires(last)})" for mid, iid, last in away[:5])
+        parts.append(
+            f"static members that left temporarily and keep their shards until they expire ({names}):"
+            f" wait, or remove them now with manage.py remove_member {group.name} MEMBER_ID"
+        )
+    raise ServiceError(
+        f"group {group.name!r} has " + "; and ".join(parts) + "; then reset its position"
+        " (--dry-run shows the plan meanwhile)"
+    )
+
+
+def _shifted(client: object, key: str, current: str | None, shift_by: int) -> str:
+    """The last-delivered ID `shift_by` entries from `current` (None: the group has not read
+    the shard: from its start). Bounded by the shard's first and last entries."""
+    base = current or "0-0"
+    if shift_by < 0:
+        # Entries at or before `base`, newest first: the (|n|+1)-th is the new last-delivered
+        # one, so |n| entries are delivered again; fewer than that: from the start.
+        back = client.xrevrange(key, max=base, min="-", count=-shift_by + 1)  # type: ignore[attr-defined]
+        return _id(back[-shift_by][0]) if len(back) > -shift_by else "0-0"
+    if shift_by == 0:
+        return base
+    ahead = client.xrange(key, min=f"({base}", max="+", count=shift_by)  # type: ignore[attr-defined]
+    return _id(ahead[-1][0]) if ahead else base
+
+
+def _id(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _shards(group: Group, only: str | None) -> tuple[list[str], list[str]]:
     rows = (
         ShardAssignment.objects.filter(group=group)
@@ -107,24 +164,23 @@ def _shards(group: Group, only: str | None) -> tuple[list[str], list[str]]:
 
 
 def reset_position(
-    group_name: str, to: str, *, shard: str | None = None, dry_run: bool = False, actor: str,
+    group_name: str, to: str | None = None, *, shift_by: int | None = None, shard: str | None = None,
+    dry_run: bool = False, actor: str,
 ) -> ResetPlan:
-    """Plan and (unless `dry_run`) apply a position reset; refused while members are live."""
-    target = resolve_position(to)
+    """Plan and (unless `dry_run`) apply a position reset: to a position (`to`), or each shard's
+    last-delivered ID moved by `shift_by` entries (negative: deliver that many again; positive:
+    skip that many). Applying it is refused while members are live; a dry run shows the plan
+    whatever the members do."""
+    if (to is None) == (shift_by is None):
+        raise ServiceError("give exactly one of to (a position) and shift_by (a number of entries)")
+    target = resolve_position(to) if to is not None else ""
+    described = to if to is not None else f"shift-by {shift_by:+d}"
     with transaction.atomic():
         group = lock_group(group_name)
         if group is None:
             raise ServiceError(f"group {group_name!r} does not exist")
-        live = list(
-            group.members.filter(status__in=[s.value for s in LIVE_STATUSES])
-            .order_by("member_id").values_list("member_id", flat=True)[:6]
-        )
-        if live:
-            names = ", ".join(live[:5]) + (" and more" if len(live) > 5 else "")
-            raise ServiceError(
-                f"group {group_name!r} has live members ({names}); stop them (or let them leave) "
-                "before resetting its position"
-            )
+        if not dry_run:
+            _refuse_while_live(group)
         shard_ids, drained = _shards(group, shard)
         prefix = group.stream.key_prefix
         keys = [ShardKeys(s, prefix).stream for s in shard_ids]
@@ -140,8 +196,9 @@ def reset_position(
                     raise info
                 mine = shardstats.group_entry(info, group.name)
                 current = None if mine is None else str(mine.get("last-delivered-id"))
-                planned.append(PlannedShard(sid, key, current, target, mine is None))
-            plan = ResetPlan(group.name, to, tuple(planned), tuple(drained), applied=not dry_run)
+                moved = target if shift_by is None else _shifted(client, key, current, shift_by)
+                planned.append(PlannedShard(sid, key, current, moved, mine is None))
+            plan = ResetPlan(group.name, described, tuple(planned), tuple(drained), applied=not dry_run)
             if dry_run:
                 return plan
             pipe = client.pipeline(transaction=False)
@@ -163,7 +220,7 @@ def reset_position(
             ) from exc
         Event.objects.create(
             kind="position_reset", group=group, stream_id=group.stream_id, actor=actor,
-            detail={"to": to, "lastDeliveredId": target, "shards": len(planned),
+            detail={"to": described, "lastDeliveredId": target or None, "shards": len(planned),
                     **({"shard": shard} if shard else {})},
         )
     shardstats.forget(group.name)

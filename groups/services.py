@@ -136,7 +136,8 @@ def create_group(
         raise ServiceError(f"group {name!r} already exists")
     live_shards = Shard.objects.filter(version__stream=stream_row).exclude(version__state=VersionState.RETIRED)
     # Fence tokens of a group this database never had would refuse its members' grants.
-    check_new_shards(stream_row.key_prefix, live_shards.values_list("shard_id", flat=True), groups=[name])
+    check_new_shards(stream_row.key_prefix, live_shards.values_list("shard_id", flat=True), groups=[name],
+                     stream=stream_row.name)
     try:
         with transaction.atomic():
             group = create_group_rows(

@@ -3,6 +3,7 @@ live members, a dry run changes nothing, applied when empty; then a real consume
 Consumer against gunicorn) starts from the new position."""
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -75,8 +76,10 @@ def test_reset_is_refused_while_the_group_has_live_members_and_changes_nothing(a
     assert status == 200
     with pytest.raises(CommandError, match=r"has live members \(alive-1\)"):
         _run(fx.group, "--to", "earliest")
-    with pytest.raises(CommandError, match="live members"):
-        _run(fx.group, "--to", "earliest", "--dry-run")
+    # i24.5: a dry run shows the plan while members are live, and changes nothing.
+    plan = _run(fx.group, "--to", "earliest", "--dry-run")
+    assert plan.splitlines()[:2] == [f"would reset group {fx.group} to earliest on 2 shard(s)",
+                                     f"  {fx.stream}:1:0: 1002-0 → 0-0"]
     assert r.xinfo_groups(k0)[0]["last-delivered-id"] == "1002-0"
     assert len(r.xinfo_groups(fx.keys(f"{fx.stream}:1:1").stream)) == 0  # nothing created
     assert not Event.objects.filter(kind="position_reset").exists()
@@ -149,3 +152,44 @@ def test_reset_applied_when_empty_then_a_consumer_starts_from_the_new_position(
     assert sorted(seen) == sorted(expected)  # nothing at or before 1004-0 on shard 0
     assert not thread.is_alive()  # it left the group
     r.close()
+
+
+def test_i24_5_shift_by_moves_each_shard_by_entries_within_its_bounds(fx: GroupFixture):
+    r, k0, k1 = _entries(fx)
+    r.xgroup_create(k0, fx.group, id="1005-0")
+    r.xgroup_create(k1, fx.group, id="1001-0")
+    text = _run(fx.group, "--shift-by", "-3", "--dry-run")
+    assert text.splitlines() == [
+        f"would reset group {fx.group} to shift-by -3 on 2 shard(s)",
+        f"  {fx.stream}:1:0: 1005-0 → 1002-0",  # 1003, 1004, 1005 delivered again
+        f"  {fx.stream}:1:1: 1001-0 → 0-0",  # fewer than 3 before it: from the start
+    ]
+    text = _run(fx.group, "--shift-by", "2", "--actor", "ops")
+    assert text.splitlines()[1:] == [f"  {fx.stream}:1:0: 1005-0 → 1007-0", f"  {fx.stream}:1:1: 1001-0 → 1003-0"]
+    assert r.xinfo_groups(k0)[0]["last-delivered-id"] == "1007-0"
+    assert r.xinfo_groups(k1)[0]["last-delivered-id"] == "1003-0"
+    _run(fx.group, "--shift-by", "100")  # past the end: the last entry
+    assert r.xinfo_groups(k0)[0]["last-delivered-id"] == "1009-0"
+    assert r.xinfo_groups(k1)[0]["last-delivered-id"] == "1004-0"
+    event = Event.objects.filter(kind="position_reset").order_by("id").first()
+    assert event is not None
+    assert event.detail["to"] == "shift-by +2"
+    with pytest.raises(CommandError, match="one of the arguments --to --shift-by is required"):
+        _run(fx.group)
+    r.close()
+
+
+def test_i24_5_refusal_names_temporarily_left_static_members_and_how_to_remove_them(
+    api: APIClient, fx: GroupFixture,
+):
+    hb = Hb(api, fx)
+    status, _ = hb({"memberId": "st-1", "memberEpoch": 0, "instanceId": "billing-3", "ownedShards": []})
+    assert status == 200
+    assert hb({"memberId": "st-1", "memberEpoch": -2, "instanceId": "billing-3"})[0] == 200
+    with pytest.raises(CommandError) as refused:
+        _run(fx.group, "--to", "earliest")
+    message = str(refused.value)
+    assert re.search(r"st-1 \(instance billing-3, expires in [45] s\)", message), message
+    assert f"manage.py remove_member {fx.group} MEMBER_ID" in message
+    call_command("remove_member", fx.group, "st-1", stdout=StringIO())
+    assert _run(fx.group, "--to", "earliest").startswith(f"reset group {fx.group} to earliest")

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from coordination.model import ShardState
 from groups.describe import describe_group
+from groups.models import Group, Stream
 
 
 def _cell(value: Any) -> str:
@@ -26,20 +27,67 @@ def _seconds(ms: int | None) -> str | None:
     return None if ms is None else f"{ms / 1000:.1f}"
 
 
+MEMBER_HEADERS = ("MEMBER", "INSTANCE", "CLIENT", "EPOCH", "STATE", "ASSIGNED", "PENDING", "REVOKING",
+                  "SECONDS-SINCE-HEARTBEAT", "LIVENESS")
+
+
+def member_rows(members: list[dict[str, Any]]) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    """The member table of describe_group and list_members: headers and rows."""
+    return MEMBER_HEADERS, [
+        (m["memberId"], m["instanceId"], m["clientId"], m["memberEpoch"], m["state"],
+         len(m["assignedShards"]), len(m["pendingShards"]), len(m["revokingShards"]),
+         _seconds(m["sinceLastHeartbeatMs"]),
+         f"temporarily left (expires in {m['expiresInS']} s)" if m["expiresInS"] is not None
+         else m["liveness"])
+        for m in members
+    ]
+
+
 class Command(BaseCommand):
-    help = "Show a group's shards (owner, last-delivered ID, lag, pending, DLQ) and members."
+    help = (
+        "Show a group's shards (owner, last-delivered ID, lag, pending, DLQ) and members; with --all"
+        " or --stream S, every group (of that stream) one after the other."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("name")
-        parser.add_argument("--json", action="store_true", help="print the describe API document")
+        parser.add_argument("name", nargs="?", help="the group (or --all, or --stream)")
+        parser.add_argument("--all", action="store_true", help="every group")
+        parser.add_argument("--stream", help="every group of this stream")
+        parser.add_argument("--json", action="store_true",
+                            help="print the describe API document (a list of them with --all/--stream)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        doc = describe_group(opts["name"])
-        if doc is None:
-            raise CommandError(f"group {opts['name']!r} does not exist")
+        chosen = [bool(opts["name"]), opts["all"], opts["stream"] is not None]
+        if sum(chosen) != 1:
+            raise CommandError("name one group, or give --all or --stream S")
+        if opts["name"]:
+            names = [opts["name"]]
+        else:
+            groups = Group.objects.order_by("name")
+            if opts["stream"] is not None:
+                if not Stream.objects.filter(name=opts["stream"]).exists():
+                    raise CommandError(f"stream {opts['stream']!r} does not exist")
+                groups = groups.filter(stream__name=opts["stream"])
+            names = list(groups.values_list("name", flat=True))
+        docs = []
+        for name in names:
+            doc = describe_group(name)
+            if doc is None:
+                if opts["name"]:
+                    raise CommandError(f"group {name!r} does not exist")
+                continue  # deleted meanwhile
+            docs.append(doc)
         if opts["json"]:
-            self.stdout.write(json.dumps(doc, indent=2))
+            self.stdout.write(json.dumps(docs[0] if opts["name"] else docs, indent=2))
             return
+        if not docs:
+            self.stdout.write("no groups")
+        for i, doc in enumerate(docs):
+            if i:
+                self.stdout.write("")
+            self._print(doc)
+
+    def _print(self, doc: dict[str, Any]) -> None:
         out = self.stdout.write
         out(
             f"GROUP {doc['group']}  STREAM {doc['stream']} ({doc['streamState']})  STATE {doc['state']}  "
@@ -69,15 +117,4 @@ class Command(BaseCommand):
         if not doc["members"]:
             out("no live members")
             return
-        out("\n".join(table(
-            ("MEMBER", "INSTANCE", "CLIENT", "EPOCH", "STATE", "ASSIGNED", "PENDING", "REVOKING",
-             "SECONDS-SINCE-HEARTBEAT", "LIVENESS"),
-            [
-                (m["memberId"], m["instanceId"], m["clientId"], m["memberEpoch"], m["state"],
-                 len(m["assignedShards"]), len(m["pendingShards"]), len(m["revokingShards"]),
-                 _seconds(m["sinceLastHeartbeatMs"]),
-                 f"temporarily left (expires in {m['expiresInS']} s)" if m["expiresInS"] is not None
-                 else m["liveness"])
-                for m in doc["members"]
-            ],
-        )))
+        out("\n".join(table(*member_rows(doc["members"]))))

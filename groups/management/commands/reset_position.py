@@ -1,4 +1,4 @@
-"""`manage.py reset_position G --to earliest|latest|ID|ISO-time [--shard S] [--dry-run]`."""
+"""`manage.py reset_position G (--to earliest|latest|ID|ISO-time | --shift-by N) [--shard S] [--dry-run]`."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,16 +13,22 @@ from groups.services import default_actor
 class Command(BaseCommand):
     help = (
         "Set a group's last-delivered ID on its live shards (like kafka-consumer-groups --reset-offsets): "
-        "XGROUP SETID, or XGROUP CREATE where the group has not read a shard yet. Refused while the "
-        "group has live members."
+        "XGROUP SETID, or XGROUP CREATE where the group has not read a shard yet. Applying it is "
+        "refused while the group has live members; --dry-run shows the plan at any time."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("group")
-        parser.add_argument(
-            "--to", required=True,
+        where = parser.add_mutually_exclusive_group(required=True)
+        where.add_argument(
+            "--to",
             help="earliest (all entries again), latest (only new ones), an entry ID (resume after it) "
                  "or an ISO-8601 date-time (resume at the first entry at or after it; UTC if no zone)",
+        )
+        where.add_argument(
+            "--shift-by", type=int, metavar="N",
+            help="move each shard's position N entries: negative delivers the last N again, positive "
+                 "skips the next N (like --reset-offsets --shift-by)",
         )
         parser.add_argument("--shard", help="only this shard id (<stream>:<version>:<index>)")
         parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
@@ -31,7 +37,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
             plan = reset_position(
-                opts["group"], opts["to"], shard=opts["shard"], dry_run=opts["dry_run"], actor=opts["actor"],
+                opts["group"], opts["to"], shift_by=opts["shift_by"], shard=opts["shard"],
+                dry_run=opts["dry_run"], actor=opts["actor"],
             )
         except ServiceError as exc:
             raise CommandError(str(exc)) from exc

@@ -11,8 +11,12 @@ from members.services import fence_member
 
 class Command(BaseCommand):
     help = (
-        "Fence a member (R8): it is removed at once, its shards are released, and its next "
-        "heartbeat gets FENCED_MEMBER_EPOCH (it must rejoin with memberEpoch 0)."
+        "Fence a member: it is removed at once and its shards are released; its next heartbeat is"
+        " refused (FENCED_MEMBER_EPOCH), it stops its shards and rejoins at once. A healthy member"
+        " is therefore back about one heartbeat later, usually with other shards. To take a process"
+        " out, stop it (SIGTERM: it leaves the group); to stop consumption without moving shards,"
+        " pause the group (pause_group). Fencing is for a member that is stuck or misbehaving."
+        " (rule R8)"
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

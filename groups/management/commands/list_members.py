@@ -1,0 +1,30 @@
+"""`manage.py list_members G [--json]`: the group's live members (like describe's member table)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from groups.describe import describe_group
+from groups.management.commands.describe_group import member_rows, table
+
+
+class Command(BaseCommand):
+    help = "List a consumer group's live members: instance, client, epoch, shards, last heartbeat."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("group")
+        parser.add_argument("--json", action="store_true", help="the members of the describe API document")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        doc = describe_group(opts["group"])
+        if doc is None:
+            raise CommandError(f"group {opts['group']!r} does not exist")
+        if opts["json"]:
+            self.stdout.write(json.dumps(doc["members"], indent=2))
+            return
+        if not doc["members"]:
+            self.stdout.write(f"group {doc['group']} has no live members")
+            return
+        self.stdout.write("\n".join(table(*member_rows(doc["members"]))))
