@@ -236,6 +236,10 @@ class _Read:
         self.joined = 1  # heartbeats using it (observability for tests)
 
 
+# A read whose leader was dropped before it had the row: its joiners read again.
+_ABANDONED = Exception("the read's leader was dropped")
+
+
 class _GroupReads:
     """Coalesced reads of the group row, per process.
 
@@ -254,37 +258,52 @@ class _GroupReads:
         self._running: dict[str, _Read] = {}  # group -> the read in flight
 
     def read(self, group: str) -> tuple | None:
-        with self._lock:
-            read = self._next.get(group)
-            lead = read is None
-            if read is None:
-                read = self._next[group] = _Read()
+        while True:
+            with self._lock:
+                read = self._next.get(group)
+                lead = read is None
+                if read is None:
+                    read = self._next[group] = _Read()
+                else:
+                    read.joined += 1
+            if not lead:
+                read.done.wait()
             else:
-                read.joined += 1
-        if not lead:
-            read.done.wait()
-        else:
-            self._lead(group, read)
-        if read.error is not None:
-            raise read.error
-        return read.row
+                self._lead(group, read)
+            if read.error is _ABANDONED:
+                continue  # its leader was dropped before the row came: read again
+            if read.error is not None:
+                raise read.error
+            return read.row
 
     def _lead(self, group: str, read: _Read) -> None:
-        with self._lock:
-            running = self._running.get(group)
-        if running is not None:
-            running.done.wait()  # joiners keep arriving meanwhile; they share this read
-        elif _cooperative():
-            # Let the worker's other ready requests reach this point first and share the
-            # read (one pass through the ready greenlets). Measured at 2,000 heartbeats/s:
-            # 1.4 → 6–15 heartbeats per read. Not with OS threads (sync workers, tests): there
-            # it gives the core to another process, ~0.1 ms per read for nothing.
-            seen = read.joined
-            for _ in range(3):  # again while that brought more (they were ready meanwhile)
-                time.sleep(0)
-                if read.joined == seen:
-                    break
+        # The leader's request may be dropped anywhere here (wsgi_guard raises its deadline, a
+        # BaseException, into the greenlet): the read it leads must still end, or every later
+        # heartbeat of the group in this process would join it and wait forever (a 10,000-member
+        # storm stalled so, issue 26.2).
+        try:
+            with self._lock:
+                running = self._running.get(group)
+            if running is not None:
+                running.done.wait()  # joiners keep arriving meanwhile; they share this read
+            elif _cooperative():
+                # Let the worker's other ready requests reach this point first and share the
+                # read (one pass through the ready greenlets). Measured at 2,000 heartbeats/s:
+                # 1.4 → 6–15 heartbeats per read. Not with OS threads (sync workers, tests):
+                # there it gives the core to another process, ~0.1 ms per read for nothing.
                 seen = read.joined
+                for _ in range(3):  # again while that brought more (they were ready meanwhile)
+                    time.sleep(0)
+                    if read.joined == seen:
+                        break
+                    seen = read.joined
+        except BaseException:
+            with self._lock:
+                if self._next.get(group) is read:
+                    del self._next[group]
+            read.error = _ABANDONED
+            read.done.set()
+            raise
         with self._lock:
             del self._next[group]  # started: a heartbeat arriving from now on waits for the next
             self._running[group] = read
@@ -292,6 +311,9 @@ class _GroupReads:
             read.row = self._fetch(group)
         except Exception as exc:  # every heartbeat that shared the read sees its failure
             read.error = exc
+        except BaseException:  # the leader was dropped mid-read: the others read again
+            read.error = _ABANDONED
+            raise
         finally:
             with self._lock:
                 if self._running.get(group) is read:

@@ -127,3 +127,78 @@ def test_under_gevent_ready_heartbeats_join_the_read_before_it_starts():
     assert len(result["fetches"]) == 1, result["fetches"]  # all twenty shared one read
     assert result["fetches"][0] == 20  # which started after all of them had arrived
     assert {tuple(a) for a in result["answers"]} == {("g", 1)}
+
+
+class _Dropped(BaseException):
+    """Stands in for wsgi_guard's deadline, raised into a request wherever it waits."""
+
+
+class _DroppedWhileWaiting:
+    """A read in flight whose wait drops the heartbeat that waits for it."""
+
+    def __init__(self) -> None:
+        self.done = self
+
+    def wait(self) -> None:
+        raise _Dropped
+
+
+def _in_thread(fn: Callable[[], object]) -> tuple[threading.Thread, dict[str, object]]:
+    out: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            out["row"] = fn()
+        except BaseException as exc:  # the test reads what ended it
+            out["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def test_i26_2_a_leader_dropped_before_its_read_starts_leaves_the_group_readable():
+    """The leader of the next read waits for the one in flight and is dropped there (its
+    deadline): the group's later heartbeats in this process must still get reads. Before, the
+    unstarted read stayed the group's next and every later heartbeat waited on it forever."""
+    reads = _GroupReads(lambda group: (group, "row"))
+    reads._running["g"] = _DroppedWhileWaiting()  # type: ignore[assignment]
+    with pytest.raises(_Dropped):
+        reads.read("g")
+    del reads._running["g"]
+    t, out = _in_thread(lambda: reads.read("g"))
+    t.join(5)
+    assert not t.is_alive(), "a later heartbeat waits forever on the dropped leader's read"
+    assert out == {"row": ("g", "row")}
+
+
+def test_i26_2_heartbeats_sharing_a_read_whose_leader_is_dropped_read_again():
+    """B leads the read after A's, C shares it; B is dropped mid-read. C must not get an empty
+    row (which reads as "no such group"): it reads again."""
+    release = [threading.Event(), threading.Event()]
+    calls: list[str] = []
+
+    def fetch(group: str) -> tuple:
+        calls.append(group)
+        n = len(calls)
+        if n <= 2:
+            assert release[n - 1].wait(10)
+        if n == 2:
+            raise _Dropped
+        return (group, n)
+
+    reads = _GroupReads(fetch)
+    a, from_a = _in_thread(lambda: reads.read("g"))
+    _until(lambda: len(calls) == 1, "A's read to start")
+    b, from_b = _in_thread(lambda: reads.read("g"))
+    _until(lambda: "g" in reads._next, "B to lead the next read")
+    c, from_c = _in_thread(lambda: reads.read("g"))
+    _until(lambda: reads._next["g"].joined == 2, "C to share B's read")
+    release[0].set()
+    _until(lambda: len(calls) == 2, "B's read to start")
+    release[1].set()
+    for t in (a, b, c):
+        t.join(5)
+    assert from_a == {"row": ("g", 1)}
+    assert isinstance(from_b.get("error"), _Dropped)
+    assert from_c == {"row": ("g", 3)}
