@@ -118,7 +118,7 @@ SELECT me.assignment_epoch, me.heartbeat_interval_ms, me.metadata_epoch, granted
 _VERSION_SQL = f"""
 SELECT g.{_c(Group, "id")}, g.{_c(Group, "state_version")}, g.{_c(Group, "created_at")},
        g.{_c(Group, "stream")}, g.{_c(Group, "metadata_epoch")}, st.{_c(Stream, "metadata_epoch")},
-       g.{_c(Group, "deletion_epoch")}
+       g.{_c(Group, "deletion_epoch")}, {store.GENERATION_SQL}
   FROM {_G} AS g JOIN {_ST} AS st ON st.{_c(Stream, "id")} = g.{_c(Group, "stream")}
  WHERE g.{_c(Group, "name")} = %s
 """
@@ -355,6 +355,7 @@ def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> Steady
             if row is None:
                 return None  # no such group: the locked path answers
             group_pk, version, shape = row[0], row[1], tuple(row[2:])
+            PROCESS.observe_generation(row[-1])  # a restore: everything cached here is dropped
             snap = store.steady_snapshot(group_pk, version, shape)
             if snap is not None:
                 return _from_snapshot(group_pk, snap, req, now)
@@ -509,6 +510,10 @@ class _Stamps:
             thread.join(5)
         self.flush()
 
+    def drop(self) -> None:
+        """Forget what is pending (a database rewind: the rows they name may be others now)."""
+        self._take()
+
     def _take(self) -> dict[int, tuple[datetime, str | None, int]]:
         with self._lock:
             pending, self._pending = self._pending, {}
@@ -571,7 +576,7 @@ STAMPS = PROCESS.own(
     " report, epoch); bound: one per member heartbeating here, written every RSC_STAMP_PERIOD_S"
     " and before each locked pass; invalidated: written (compare-and-set: never back, only"
     " STABLE at that epoch); N hosts: L1 allows one stamp period.",
-    reset=lambda: STAMPS.flush(), close=lambda: STAMPS.stop(),
+    reset=lambda: STAMPS.flush(), close=lambda: STAMPS.stop(), rewind=lambda: STAMPS.drop(),
 )
 
 

@@ -24,7 +24,7 @@ from coordination.model import LIVE_STATUSES, Changes, GroupState, Member, Membe
 from coordinator_project import dbpool
 from coordinator_project.named_locks import NamedLocks
 from coordinator_project.process_state import PROCESS, ProcessCache
-from groups.models import Group, Shard, Stream, VersionState
+from groups.models import Group, Installation, Shard, Stream, VersionState
 from members.models import Member as MemberRow
 
 _LIVE = [s.value for s in LIVE_STATUSES]
@@ -448,10 +448,19 @@ def forget_snapshots() -> None:
 def _shape(group: Group) -> tuple[object, ...]:
     # Slots are added or removed only together with a metadataEpoch rise (resharding); member
     # rows are deleted only with a deletion_epoch rise (delete_members); the creation time
-    # tells a group recreated under a reused id (a restored database) apart. The same columns,
-    # in this order, as fastpath._VERSION_SQL reads.
+    # tells a group recreated under a reused id (a restored database) apart; the installation
+    # generation, a restore (the lock statement and the steady read observe it). The same
+    # columns, in this order, as fastpath._VERSION_SQL reads.
     return (group.created_at, group.stream_id, group.metadata_epoch, group.stream.metadata_epoch,
-            group.deletion_epoch)
+            group.deletion_epoch, PROCESS.generation or 1)
+
+
+# The installation's generation as the lock statement and the steady read select it (a missing
+# row, a database nobody has used yet, is generation 1: the column's default).
+GENERATION_SQL = (
+    f"COALESCE((SELECT i.{Installation._meta.get_field('generation').column}"
+    f" FROM {Installation._meta.db_table} AS i WHERE i.id = 1), 1)"
+)
 
 
 def steady_snapshot(group_pk: int, version: int, shape: tuple[object, ...]) -> Snapshot | None:
@@ -547,7 +556,7 @@ _GROUP_FIELDS = [f.attname for f in Group._meta.concrete_fields]
 _STREAM_FIELDS = [f.attname for f in Stream._meta.concrete_fields]
 _LOCK_SQL = (
     f"SELECT {', '.join('g.' + Group._meta.get_field(n).column for n in _GROUP_FIELDS)},"
-    f" {', '.join('s.' + Stream._meta.get_field(n).column for n in _STREAM_FIELDS)}"
+    f" {', '.join('s.' + Stream._meta.get_field(n).column for n in _STREAM_FIELDS)}, {GENERATION_SQL}"
     f" FROM {Group._meta.db_table} AS g JOIN {Stream._meta.db_table} AS s ON s.id = g.stream_id"
     " WHERE g.name = %s FOR UPDATE OF g"  # not the stream row: see lock_group
 )
@@ -601,8 +610,11 @@ def lock_and_load(
     if not found:
         return None, None, None
     row = found[0]
+    PROCESS.observe_generation(row[-1])  # a restore: everything cached here is dropped
     group = Group.from_db(connection.alias, _GROUP_FIELDS, row[:len(_GROUP_FIELDS)])
-    group.stream = Stream.from_db(connection.alias, _STREAM_FIELDS, row[len(_GROUP_FIELDS):])
+    group.stream = Stream.from_db(connection.alias, _STREAM_FIELDS, row[len(_GROUP_FIELDS):-1])
+    if fetched.snap is not None and PROCESS.generation != fetched.snap.shape[-1]:
+        fetched.snap = None  # of an older generation (dropped from the cache just now)
     if group.pk != pk:
         fetched.snap = None  # a group recreated under its name: the snapshot is of another
     return group, *load_for_heartbeat(group, member_id, fetched)
@@ -618,6 +630,10 @@ def load_for_heartbeat(
     """
     heartbeating = _heartbeating(member_id)
     snap = fetched.snap if fetched is not None else _checkout(group.pk)
+    if snap is not None and snap.version > group.state_version and snap.shape == _shape(group):
+        # The database went back (a restore) without a new generation yet: nothing this
+        # process keeps can be trusted.
+        PROCESS.rewound(f"group {group.name} state_version {snap.version} -> {group.state_version}")
     if snap is not None and (snap.shape != _shape(group) or snap.version > group.state_version):
         snap = None  # a reshard step changed the slot set, or the database went back
     if snap is None:

@@ -6,6 +6,9 @@ line that says its key, its bound, what invalidates it, and why it stays correct
 coordinator hosts on one PostgreSQL. Nothing here is authoritative: the database is.
 
 - `PROCESS.reset()` forgets everything (tests; a database rewind detected after a restore).
+- `PROCESS.observe_generation(g)`: every read that decides from a cache also reads the
+  installation's generation (raised by each `raise_epochs_after_restore`); another one than
+  last seen means a restore, and `rewound()` drops everything without flushing (issue 23.3).
 - `PROCESS.close()` flushes and closes what holds resources (worker exit: pending last-seen
   stamps written, Redis clients closed), then forgets the rest.
 - `PROCESS.owned()` lists what is owned (the test that every entry is documented, the docs'
@@ -16,6 +19,7 @@ these per request); the owner only has to reach each of them.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +28,8 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 K = TypeVar("K")
 V = TypeVar("V")
+
+log = logging.getLogger(__name__)
 
 # What each entry's one line must say (checked by tests/unit/test_process_state.py).
 DOC_PARTS = ("key:", "bound:", "invalidated:", "N hosts:")
@@ -44,6 +50,7 @@ class Owned:
     doc: str
     reset: Callable[[], None]
     close: Callable[[], None]
+    rewind: Callable[[], None]  # the database went back: drop (not flush) what it holds
 
 
 def _default(thing: Any, *names: str) -> Callable[[], None]:
@@ -60,18 +67,22 @@ class ProcessState:
     def __init__(self) -> None:
         self._owned: dict[str, Owned] = {}
         self._lock = threading.Lock()
+        # The installation generation this process's caches belong to (None: not read yet).
+        self.generation: int | None = None
+        self.rewinds = 0  # how many rewinds this process detected (tests, logs)
 
     def own(
         self, name: str, thing: T, doc: str, *,
         reset: Callable[[], None] | None = None, close: Callable[[], None] | None = None,
+        rewind: Callable[[], None] | None = None,
     ) -> T:
         """Take `thing` into the process state under `name` and return it. `reset` defaults to
-        its reset() or clear(); `close` to its close(), else the reset. A module imported again
-        (a test reloading it) replaces its earlier entry."""
+        its reset() or clear(); `close` to its close(), else the reset; `rewind` to the reset.
+        A module imported again (a test reloading it) replaces its earlier entry."""
         reset = reset or _default(thing, "reset", "clear")
         if close is None:
             close = _default(thing, "close") if callable(getattr(thing, "close", None)) else reset
-        entry = Owned(name, thing, doc, reset, close)
+        entry = Owned(name, thing, doc, reset, close, rewind or reset)
         with self._lock:
             self._owned[name] = entry
         return thing
@@ -84,6 +95,25 @@ class ProcessState:
         """Forget every cache (tests; a detected database rewind)."""
         for entry in self.owned().values():
             entry.reset()
+
+    def observe_generation(self, generation: int) -> None:
+        """The installation generation a read just returned (the steady path's group read, the
+        locked pass's lock statement, a sweep, a routing read). Another one than this process
+        last saw: the database was restored, and everything kept here may be of the abandoned
+        history (epochs rewound and reached again with other contents): forget it all."""
+        if generation == self.generation:
+            return
+        if self.generation is not None:
+            self.rewound(f"installation generation {self.generation} -> {generation}")
+        self.generation = generation
+
+    def rewound(self, why: str) -> None:
+        """The database went back (a restore): drop every cache and buffer, flush nothing."""
+        with self._lock:
+            self.rewinds += 1
+        log.warning("database rewind detected (%s): this process's caches are dropped", why)
+        for entry in self.owned().values():
+            entry.rewind()
 
     def close(self) -> None:
         """Worker exit: flush and close in the reverse order of taking, then forget."""

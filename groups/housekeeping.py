@@ -25,7 +25,7 @@ from coordination.restore import parse_fence_epoch, raise_epochs_above
 from dataplane.routing import ShardKeys
 from groups.errors import ServiceError
 from groups.models import Event, Group, Shard, ShardVersion, Stream, VersionState
-from groups.namespace import stream_redis
+from groups.namespace import raise_generation, stream_redis
 from members.models import Member
 
 log = logging.getLogger(__name__)
@@ -223,6 +223,10 @@ def raise_epochs_after_restore(
     """
     if group is not None and not Group.objects.filter(name=group).exists():
         raise ServiceError(f"group {group!r} does not exist")
+    if not dry_run:
+        # Every coordinator process drops what it cached (documents, catalogues, snapshots keyed
+        # by epochs the restore rewound) at its next read of the generation (issue 23.3).
+        raise_generation()
     names = [group] if group else list(Group.objects.order_by("name").values_list("name", flat=True))
     report = []
     for name in names:

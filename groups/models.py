@@ -194,6 +194,10 @@ class Installation(models.Model):
 
     installation_id = models.CharField(max_length=32, unique=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Raised by every raise_epochs_after_restore (groups.housekeeping): a restore rewinds the
+    # epochs per-process caches are keyed by, and a process that reads a generation other than
+    # the one it last saw forgets all it keeps (coordinator_project.process_state, issue 23.3).
+    generation = models.BigIntegerField(default=1, editable=False)
 
     def __str__(self) -> str:
         return self.installation_id

@@ -21,6 +21,7 @@ from functools import cache
 import redis
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F
 
 from coordinator_project.process_state import PROCESS
 from dataplane.routing import ShardKeys
@@ -45,6 +46,23 @@ def installation_id() -> str:
     except IntegrityError:  # made concurrently by another process: theirs wins
         row = Installation.objects.get(pk=1)
     return row.installation_id
+
+
+def observe_generation() -> None:
+    """Read the installation's generation and let this process's caches follow it (a new one
+    after a restore drops them all: coordinator_project.process_state)."""
+    row = Installation.objects.filter(pk=1).values_list("generation", flat=True).first()
+    PROCESS.observe_generation(1 if row is None else row)
+
+
+def raise_generation() -> int:
+    """A restore step: every process that reads the new generation forgets what it cached
+    (epochs it was keyed by may have gone back and will be reached again)."""
+    installation_id()  # the row exists
+    Installation.objects.filter(pk=1).update(generation=F("generation") + 1)
+    generation = Installation.objects.values_list("generation", flat=True).get(pk=1)
+    PROCESS.observe_generation(generation)
+    return generation
 
 
 def namespace_for(install_id: str) -> str:

@@ -17,6 +17,7 @@ from groups.auth import require_scope, require_stream_access
 from groups.errors import ServiceError
 from groups.metadata import routing_document
 from groups.models import Stream, StreamState, VersionState
+from groups.namespace import observe_generation
 from groups.resharding import ReshardInProgress, StreamNotFound, start_reshard
 from groups.services import url_name_problem
 
@@ -77,6 +78,7 @@ class RoutingView(APIView):
         row = Stream.objects.filter(name=stream).first()
         if row is None:
             return Response(error_body(ErrorCode.STREAM_NOT_FOUND, f"stream {stream!r} does not exist"), 404)
+        observe_generation()  # the document is cached by an epoch a restore can rewind
         return Response(routing_document(row))
 
 
@@ -109,6 +111,7 @@ class ReshardView(APIView):
         except ServiceError as exc:
             return Response(error_body(ErrorCode.INVALID_REQUEST, str(exc)), 400)
         row = Stream.objects.get(name=stream)
+        observe_generation()
         return Response(
             {"stream": stream, "version": version.version, "shardCount": version.shard_count,
              "state": row.state, "routing": routing_document(row)},

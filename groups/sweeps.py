@@ -15,6 +15,7 @@ from typing import Any
 from django.utils import timezone
 
 from groups.models import SweepRun
+from groups.namespace import observe_generation
 from groups.resharding import advance_resharding
 from groups.retention import apply_retention
 from members.services import sweep_liveness
@@ -55,6 +56,7 @@ def run_all_sweeps(now: datetime | None = None) -> dict[str, dict[str, Any]]:
 def _recorded(name: str, job: Callable[[datetime], dict[str, Any]], now: datetime | None) -> dict[str, Any]:
     # Wall-clock stamps (not `now`, which tests may shift) so operators see the real lag.
     _stamp(name, last_started_at=timezone.now())
+    observe_generation()  # after a restore, this worker's caches are dropped before it reads
     result = job(now or timezone.now())
     _stamp(name, last_finished_at=timezone.now(), last_result=result)
     return result

@@ -115,3 +115,24 @@ def test_i23_1_reset_empties_every_cache(owned: dict[str, Owned]):
     PROCESS.reset()
     assert not store._snapshots
     assert [t for t in filled if t] == []
+
+
+def test_i23_3_a_new_installation_generation_drops_everything_without_flushing():
+    from coordinator_project.process_state import ProcessCache, ProcessState
+
+    state = ProcessState()
+    cache: ProcessCache[str, int] = state.own("c", ProcessCache(), "key: k; bound: 1; invalidated: x; N hosts: y")
+    flushed: list[str] = []
+    pending = state.own("p", ["stamp"], "key: k; bound: 1; invalidated: x; N hosts: y",
+                        reset=lambda: flushed.append("flushed"), rewind=lambda: pending.clear())
+    state.observe_generation(1)  # the first read: nothing to drop
+    cache["a"] = 1
+    state.observe_generation(1)
+    assert cache == {"a": 1}
+    assert state.rewinds == 0
+    state.observe_generation(2)  # raise_epochs_after_restore ran
+    assert cache == {}
+    assert pending == []
+    assert flushed == []  # stamps of the abandoned history are dropped, never written
+    assert state.rewinds == 1
+    assert state.generation == 2

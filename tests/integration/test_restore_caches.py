@@ -1,0 +1,88 @@
+"""Issue 23.3: after a database restore, no web node serves what it cached from the abandoned
+history. A restore rewinds the epochs the per-process caches are keyed by (metadata documents,
+routing documents, the shard catalogue, snapshots): a reshard after it reaches the same epochs
+with other contents. `raise_epochs_after_restore` raises the installation's generation; every
+process that sees a new generation forgets all it keeps (coordinator_project.process_state).
+
+Real gunicorn (two gevent workers) on the test database; the restore is pg_dump / TRUNCATE /
+pg_restore under it while it runs.
+"""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+from django.core.management import call_command
+from django.db import connection, connections
+
+from groups.resharding import start_reshard
+
+from .conftest import LiveServer, live_database_url, make_group
+
+pytestmark = [pytest.mark.needs_postgres, pytest.mark.slow,
+              pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
+
+PROBES = 24  # requests per probe round, each on a connection of its own: both workers answer some
+
+
+def _joins(server: LiveServer, group: str, key: str, prefix: str) -> list[list[int]]:
+    """Each new member's join answer: the shard counts of the versions its metadata lists."""
+    counts = []
+    for i in range(PROBES):
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            r = client.post(f"/api/v1/groups/{group}/heartbeat", headers={"Authorization": f"Bearer {key}"},
+                            json={"memberId": f"{prefix}-{i}", "memberEpoch": 0})
+        assert r.status_code == 200, r.text
+        counts.append([v["shardCount"] for v in r.json()["metadata"]["versions"]])
+    return counts
+
+
+def _routing(server: LiveServer, stream: str, key: str) -> list[list[int]]:
+    counts = []
+    for _ in range(PROBES):
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            r = client.get(f"/api/v1/streams/{stream}/routing", headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200, r.text
+        counts.append([v["shardCount"] for v in r.json()["versions"]])
+    return counts
+
+
+def _restore(dump: Path) -> None:
+    """Put the dump's rows back under the running server: in one transaction every table is
+    emptied and the dump's data copied in (the server keeps writing its intake beacon)."""
+    url = live_database_url()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT string_agg(quote_ident(tablename), ', ') FROM pg_tables WHERE schemaname = 'public'")
+        tables = cursor.fetchone()[0]
+    connections.close_all()
+    script = dump.with_suffix(".sql")
+    done = subprocess.run(["pg_restore", "--data-only", "--disable-triggers", "-f", str(script), str(dump)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    script.write_text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE;\n" + script.read_text())
+    done = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-q", "-f", str(script), url],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_i23_3_after_a_restore_and_a_reshard_no_node_serves_the_abandoned_history(
+    gunicorn_server: LiveServer, tmp_path: Path
+):
+    fx = make_group(stream="rst", group="rst-g", shards=2)
+    assert _joins(gunicorn_server, fx.group, fx.key, "before") == [[2]] * PROBES
+    dump = tmp_path / "db.dump"
+    subprocess.run(["pg_dump", "-Fc", "--data-only", "-f", str(dump), live_database_url()], check=True)
+
+    # The abandoned history: a reshard to 3 that both workers serve (group and stream at epoch 2).
+    start_reshard(fx.stream, 3)
+    assert _joins(gunicorn_server, fx.group, fx.key, "abandoned") == [[2, 3]] * PROBES
+    assert _routing(gunicorn_server, fx.stream, fx.stream_key) == [[2, 3]] * PROBES
+
+    _restore(dump)
+    call_command("raise_epochs_after_restore", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    # The new history reaches the same epochs with other contents.
+    start_reshard(fx.stream, 4)
+    assert _joins(gunicorn_server, fx.group, fx.key, "after") == [[2, 4]] * PROBES
+    assert _routing(gunicorn_server, fx.stream, fx.stream_key) == [[2, 4]] * PROBES
