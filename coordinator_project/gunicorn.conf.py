@@ -40,6 +40,11 @@ worker_connections = int(os.environ.get("WORKER_CONNECTIONS", "1000"))  # per wo
 # the read timeout for slow clients, and the idle timeout between keep-alive requests.
 keepalive = int(os.environ.get("HTTP_READ_TIMEOUT", "5"))
 timeout = int(os.environ.get("WORKER_TIMEOUT", "30"))  # a worker silent this long is restarted
+# gunicorn's control interface (gunicornc) listens on ~/.gunicorn/gunicorn.ctl by default: every
+# master on a host would share one socket. Off unless GUNICORN_CONTROL_SOCKET names this
+# master's own path (issue 24.2).
+control_socket = os.environ.get("GUNICORN_CONTROL_SOCKET", "")
+control_socket_disable = not control_socket
 if worker_class == "gevent":
     # Greenlets share a worker: Django's per-greenlet connections go through a pool instead
     # of one persistent connection per thread (settings: DB_POOL).

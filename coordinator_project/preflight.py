@@ -4,7 +4,8 @@
 Celery app check the environment before Django loads, and `manage.py` turns the errors an
 operator causes (no database, a database not migrated, Redis unreachable, output piped into
 `head`) into one line on stderr and a non-zero exit. Anything else is a bug and keeps its
-traceback. Imports nothing from Django at module level: it runs before the settings exist.
+traceback. All three read the settings file named by RSC_ENV_FILE first (NAME=value lines;
+the environment wins over it), so a command printed with `RSC_ENV_FILE=...` works as printed. Imports nothing from Django at module level: it runs before the settings exist.
 """
 from __future__ import annotations
 
@@ -34,6 +35,45 @@ SECRET_KEY_MISSING = (
 SUPPORTED_SCHEMES = ("postgres", "postgresql", "pgsql", "sqlite")
 
 
+ENV_FILE_VARIABLE = "RSC_ENV_FILE"
+
+
+class EnvFileError(Exception):
+    """RSC_ENV_FILE names a file that cannot be read or has a line that is not NAME=value."""
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    """NAME=value lines (`export ` allowed, `#` comments and blank lines skipped, one level of
+    matching quotes removed): the format of systemd's EnvironmentFile and of `.env.example`."""
+    try:
+        text = open(path, encoding="utf-8").read()  # noqa: SIM115 - read at once
+    except OSError as exc:
+        raise EnvFileError(f"{ENV_FILE_VARIABLE}={path}: cannot read it ({exc.strerror})") from None
+    values: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        line = line.removeprefix("export ").strip()
+        name, sep, value = line.partition("=")
+        name = name.strip()
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise EnvFileError(f"{path} line {number}: expected NAME=value, found {raw.strip()[:60]!r}")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        values[name] = value
+    return values
+
+
+def load_env_file() -> None:
+    """The settings in RSC_ENV_FILE, under what the environment already sets (it wins)."""
+    path = os.environ.get(ENV_FILE_VARIABLE, "")
+    if path:
+        for name, value in read_env_file(path).items():
+            os.environ.setdefault(name, value)
+
+
 def secret_key_problem(environ: os._Environ[str] | dict[str, str] | None = None) -> str | None:
     env = os.environ if environ is None else environ
     debug = env.get("DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
@@ -55,6 +95,11 @@ def database_url_problem(url: str) -> str | None:
 
 
 def environment_problem() -> str | None:
+    """Reads RSC_ENV_FILE first (into the environment), so every later reader sees it."""
+    try:
+        load_env_file()
+    except EnvFileError as exc:
+        return str(exc)
     return secret_key_problem() or database_url_problem(os.environ.get("DATABASE_URL", ""))
 
 
@@ -158,8 +203,9 @@ def run_management(argv: Sequence[str]) -> int:
     command = argv[1] if len(argv) > 1 else ""
     if command in READ_ONLY_COMMANDS:
         os.environ.setdefault(READ_ONLY_ENV, "1")
-    problem = environment_problem() if command not in ("", "help", "--help", "-h", "version", "--version") else None
-    if problem is not None:
+    informational = command in ("", "help", "--help", "-h", "version", "--version")
+    problem = environment_problem()
+    if problem is not None and not (informational and problem == SECRET_KEY_MISSING):
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_CONFIG
     from django.core.management import execute_from_command_line

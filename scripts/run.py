@@ -313,6 +313,7 @@ class Supervisor:
             self.say(f"== database: {self.env.get('DATABASE_URL') or 'SQLite at ' + self.sqlite_path()}")
             self.manage("migrate", "--noinput", "-v0")
             self.manage("collectstatic", "--noinput", "-v0")
+            self.write_env_file(var)
             demo = json.loads(self.manage("demo_setup"))
             self.start_core(var)
             self.wait_for("the coordinator", self.coordinator_ready, self.args.ready_timeout)
@@ -334,6 +335,43 @@ class Supervisor:
             print(f"make run: {self.failed}", file=sys.stderr)
             return EXIT_PART_FAILED
         return EXIT_OK
+
+    def write_env_file(self, var: Path) -> None:
+        """var/run.env: the settings of this run, so the commands the banner prints work in the
+        user's shell as printed (manage.py reads the file RSC_ENV_FILE names). The admin password
+        of the first run is kept in it and reused."""
+        self.env_file = var / "run.env"
+        previous: dict[str, str] = {}
+        if self.env_file.exists():
+            for line in self.env_file.read_text().splitlines():
+                name, sep, value = line.partition("=")
+                if sep and not name.startswith("#"):
+                    previous[name.strip()] = value.strip()
+        password = self.env.get("RSC_ADMIN_PASSWORD") or previous.get("RSC_ADMIN_PASSWORD") or secrets.token_urlsafe(9)
+        self.env["RSC_ADMIN_PASSWORD"] = password
+        database = (f"DATABASE_URL={self.env['DATABASE_URL']}" if self.env.get("DATABASE_URL")
+                    else f"SQLITE_PATH={self.sqlite_path()}")
+        self.env_file.write_text("\n".join([
+            "# Written by make run (scripts/run.py): the quick start's settings, for",
+            "#   RSC_ENV_FILE=<this file> .venv/bin/python manage.py ...",
+            "# Not for production: DEBUG is on. See .env.example and docs/OPERATING.md.",
+            "DEBUG=1",
+            f"REDIS_URL={self.env['REDIS_URL']}",
+            database,
+            f"RSC_ADMIN_PASSWORD={password}",
+            "",
+        ]))
+        self.env_file.chmod(0o600)  # it holds the admin password
+
+    def try_command(self, demo: dict[str, object]) -> str:
+        """The banner's "try:" line: a reshard to more shards than the stream has now (or, while
+        one runs, where to watch it), prefixed with the env file so it works as printed."""
+        path = self.env_file
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        prefix = f"RSC_ENV_FILE={shown} .venv/bin/python manage.py"
+        if demo.get("streamState", "STABLE") != "STABLE":
+            return f"{prefix} describe_stream {demo['stream']}   # a reshard is in progress"
+        return f"{prefix} reshard {demo['stream']} --shards {int(demo['shards']) + 2}   # then watch the admin"  # type: ignore[call-overload]
 
     def sqlite_path(self) -> str:
         return self.env.get("SQLITE_PATH", str(ROOT / "var" / "coordinator.sqlite3"))
@@ -370,7 +408,7 @@ class Supervisor:
             f"   describe:  curl -H 'Authorization: Bearer {demo['groupKey']}' {url}/api/v1/groups/{demo['group']}",
             f"   group key: {demo['groupKey']}",
             f"   stream key (producers; routing only): {demo['streamKey']}",
-            f"   try:       .venv/bin/python manage.py reshard {demo['stream']} --shards 6   (then watch the admin)",
+            f"   try:       {self.try_command(demo)}",
             "   Ctrl-C stops everything (the demo members leave the group first).",
             "",
         ):

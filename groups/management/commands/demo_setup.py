@@ -1,7 +1,9 @@
 """Set up the demo for `make run`: a stream, a group, fresh keys and an admin login.
 
 Idempotent: an existing stream or group is reused; keys are new on every run (only their
-hashes are stored). The demo's names (demo-orders, demo-billing) differ from the README's
+hashes are stored) and the previous run's demo keys are revoked, so runs do not pile up keys.
+The admin password is RSC_ADMIN_PASSWORD when set (make run keeps it in its env file, so it
+stays the same from run to run), else a new one. The demo's names (demo-orders, demo-billing) differ from the README's
 first example, so following the README beside a running demo collides with nothing.
 Prints them as one JSON object (scripts/run.py reads it).
 """
@@ -14,11 +16,14 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db.models import Q
 
 from groups.errors import ServiceError
-from groups.models import Group, Stream
+from groups.models import ApiKey, Group, Stream
 from groups.namespace import claim_prefix, default_key_prefix
-from groups.services import create_api_key, create_group, create_stream
+from groups.services import create_api_key, create_group, create_stream, key_is_active, revoke_api_key
+
+DEMO_KEY_NAMES = ("demo member", "demo producer")
 
 
 class Command(BaseCommand):
@@ -52,7 +57,15 @@ class Command(BaseCommand):
             user.set_password(password)
             user.is_staff = user.is_superuser = True
             user.save()
+        previous = ApiKey.objects.filter(Q(group__name=group) | Q(stream__name=stream),
+                                         name__in=DEMO_KEY_NAMES, revoked_at__isnull=True)
+        for old in previous:
+            if key_is_active(old):
+                revoke_api_key(old, actor="demo_setup")
+        version = Stream.objects.get(name=stream).versions.order_by("-version").first()
         values = {
+            "shards": version.shard_count if version is not None else opts["shards"],
+            "streamState": Stream.objects.get(name=stream).state,
             "stream": stream,
             "group": group,
             "groupKey": create_api_key(group=group, name="demo member"),
