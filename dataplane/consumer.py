@@ -59,6 +59,7 @@ class Consumer:
         client_id: str | None = None,
         rebalance_timeout_ms: int | None = None,
         shutdown_timeout_s: float = 30.0,
+        refusal_timeout_s: float = 30.0,
         retry_backoff_ms: int = 100,
         max_concurrency: int = 16,
         transport: Transport | None = None,
@@ -93,6 +94,10 @@ class Consumer:
         )
         self.runtime = Runtime(redis_url, group, self.member_id, handler, cfg, cluster=cluster)
         self.shutdown_timeout_s = shutdown_timeout_s
+        # After the session is lost, how long 401/403/404 (deleted group) refusals may go on
+        # before run() raises them: a key rotation or a redeploy heals sooner than this.
+        self.refusal_timeout_s = refusal_timeout_s
+        self._stop_timeout: float | None = None
         # Rebalance listeners (listeners.py), called from run()'s thread.
         self.listeners = Listeners(
             on_assigned,
@@ -105,8 +110,14 @@ class Consumer:
 
     # ---- public ------------------------------------------------------------------------
 
-    def stop(self) -> None:
-        """Ask run() to leave the group and return (safe from any thread or signal handler)."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Ask run() to leave the group and return (safe from any thread or signal handler).
+
+        Work in flight gets ``timeout`` seconds (default ``shutdown_timeout_s``) to finish and be
+        ACKed; what is still running after it is abandoned: not ACKed (it stays pending for the
+        shard's next owner), logged, and its shards go to ``on_lost``."""
+        if timeout is not None:
+            self._stop_timeout = timeout
         self._stop.set()
         self.runtime.changed.set()
 
@@ -161,18 +172,45 @@ class Consumer:
                 self.runtime.forget(shard)
             self.listeners.lost(actions.abort)  # after reads and ACKs stopped (C4)
 
+    def _abandon(self, shards: list[str]) -> None:
+        """The shutdown deadline passed with work still in flight: no ACK for it (the next
+        owner gets it again, at-least-once), and the application hears the shards as lost."""
+        if not shards:
+            return
+        counts = {s: self.runtime.in_flight(s) for s in shards}
+        log.warning(
+            "member %s: shutdown timeout passed; abandoning in-flight work, not ACKed: %s",
+            self.member_id, ", ".join(f"{s} ({n} in flight)" for s, n in counts.items()),
+        )  # fmt: skip
+        for shard in shards:
+            self.runtime.abort(shard)  # ABORTED: a handler that finishes later ACKs nothing
+        self.listeners.lost(shards)
+
+    def _refusal_is_fatal(self, refused_since: float | None) -> bool:
+        """A 401/403/404 that kept coming for refusal_timeout_s, with the session lost by now
+        (the coordinator has expired us: nothing is held any more)."""
+        now = time.monotonic()
+        return (
+            refused_since is not None
+            and now - refused_since >= self.refusal_timeout_s
+            and now >= self.runtime.read_deadline
+        )
+
     def _loop(self) -> None:
         m, rt = self.machine, self.runtime
         leave_deadline: float | None = None
         joined = False  # after the first accepted join, refusals are retried, not fatal
+        refused_since: float | None = None  # the first of the 401/403/404 in a row
         while True:
             now = _now_ms()
             if self._stop.is_set() and leave_deadline is None:
                 log.info("member %s leaving group %s", self.member_id, self.group)
-                leave_deadline = time.monotonic() + self.shutdown_timeout_s
+                timeout = self._stop_timeout
+                timeout = self.shutdown_timeout_s if timeout is None else timeout
+                leave_deadline = time.monotonic() + timeout
                 self._apply(m.leave())
             if leave_deadline is not None and time.monotonic() > leave_deadline:
-                self.listeners.lost(m.revoking_in_progress)  # their work did not finish
+                self._abandon(m.revoking_in_progress)
                 m.force_leave()
             self._apply(m.check_session(now))
             finished = [s for s in m.revoking_in_progress if rt.outstanding(s) == 0]
@@ -195,9 +233,19 @@ class Consumer:
                 except CoordinatorUnavailable as exc:
                     actions = m.on_failure(_now_ms(), repr(exc))
                 else:
-                    fatal = None if joined else heartbeat_refusal(self.group, status, body)
-                    if fatal is not None:
+                    fatal = heartbeat_refusal(self.group, status, body)
+                    if fatal is not None and not joined:
                         raise fatal  # before the first join: a wrong key or group, not a blip
+                    if fatal is None:
+                        refused_since = None
+                    elif refused_since is None:
+                        refused_since = sent_at
+                    elif self._refusal_is_fatal(refused_since):
+                        # A revoked key or a deleted group: retrying forever helps nobody.
+                        took = time.monotonic() - refused_since
+                        log.error("member %s: %s, for %.0f s and the session is lost; stopping",
+                                  self.member_id, fatal, took)  # fmt: skip
+                        raise fatal
                     actions = m.on_response(_now_ms(), status, body)
                     joined = joined or m.member_epoch > 0
                     if m.member_epoch > 0 and m.last_error is None:

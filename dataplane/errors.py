@@ -4,8 +4,10 @@ A :class:`ConfigurationError` is fatal only before the member's first accepted j
 key, an unknown group or an unreachable Redis at start-up cannot heal by retrying, so
 ``Consumer.run()`` cleans up and raises it. After a successful start the same answers are
 taken as transient (a key rotation, a coordinator being redeployed): logged as warnings and
-retried with backoff. :class:`InstanceIdReplaced` is fatal whenever it comes: another
-process joined with the same instance id (two processes configured alike), and the newest wins.
+retried with backoff, until they persist for ``Consumer(refusal_timeout_s=...)`` with the
+session lost: then ``run()`` raises them too. :class:`InstanceIdReplaced` is fatal whenever
+it comes: another process joined with the same instance id (two processes configured alike),
+and the newest wins.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ exit codes:
      unknown or revoked (HTTP 401) or not for this group/stream (403), unknown group or
      stream (404), Redis refused the credentials; consume: another process joined
      with the same --instance-id and took this one's place (PROTOCOL §9 R1s), so this one
-     stopped instead of replacing it in turn
+     stopped instead of replacing it in turn; consume after a successful start: the key
+     (401/403) or the group (404) refused for --refusal-timeout with the session lost
   {EXIT_UNREACHABLE}  unreachable at start: the coordinator or Redis cannot be reached
 Errors with exit codes 2 and 3 print one line on stderr, never a traceback. After a
 successful start, transient coordinator/Redis errors are retried with a warning.

@@ -74,6 +74,24 @@ def add_parser(sub: Any) -> None:
         help="field holding the message key; per-key order is kept (default key)",
     )
     c.add_argument(
+        "--shutdown-timeout",
+        dest="shutdown_timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGINT/SIGTERM, how long in-flight work may take to finish and be ACKed; "
+        "what still runs after it is abandoned, not ACKed (default 30)",
+    )
+    c.add_argument(
+        "--refusal-timeout",
+        dest="refusal_timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="after a successful start, exit 2 once the coordinator has refused the key "
+        "(401/403) or the group (404) for this long and the session is lost (default 30)",
+    )
+    c.add_argument(
         "--ack",
         choices=("after", "before"),
         default="after",
@@ -124,6 +142,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             key_field=args.key_field,
             ack=args.ack,
             cluster=args.cluster,
+            shutdown_timeout_s=args.shutdown_timeout,
+            refusal_timeout_s=args.refusal_timeout,
         )
     except ValueError as exc:
         raise PreflightError(str(exc)) from exc
