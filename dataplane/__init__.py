@@ -17,6 +17,7 @@ __version__ = "0.2.0"  # the distribution's version (pyproject reads it), --vers
 
 _LAZY = {
     "Consumer": "consumer",
+    "ConsumerStatus": "consumer",
     "Message": "message",
     "Producer": "producer",
     "Sent": "producer",
@@ -43,6 +44,7 @@ __all__ = [
     "AuthenticationError",
     "ConfigurationError",
     "Consumer",
+    "ConsumerStatus",
     "DataplaneError",
     "Grant",
     "GroupNotFoundError",
@@ -62,7 +64,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .consumer import Consumer
+    from .consumer import Consumer, ConsumerStatus
     from .errors import (
         AuthenticationError,
         ConfigurationError,

@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 import time
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from .errors import InstanceIdReplaced, heartbeat_refusal
@@ -33,6 +34,25 @@ def default_member_id() -> str:
     """``host-pid-rand``: unique per process, kept for its life (§2), valid by the contract."""
     host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:40] or "host"
     return f"{host}-{os.getpid()}-{random.getrandbits(24):06x}"
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerStatus:
+    """A snapshot of a consumer (:meth:`Consumer.status`), safe to take from any thread."""
+
+    member_id: str
+    group: str
+    member_epoch: int  # 0 while joining
+    state: str  # JOINING, OK / SYNC_METADATA / REVOKE_PENDING (the last answer), LEAVING, LEFT
+    owned_shards: tuple[str, ...]  # granted and read now
+    revoking_shards: tuple[str, ...]  # stopped, reported until the coordinator took REVOKED
+    in_flight: int  # messages read and not finished, all shards
+    last_heartbeat_at: float | None  # time.time() of the last accepted heartbeat
+    seconds_since_last_heartbeat: float | None
+    last_error: str | None  # the last refusal or failure, None after an accepted heartbeat
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def _now_ms() -> int:
@@ -107,6 +127,7 @@ class Consumer:
         )
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the machine is not thread-safe; run() owns it
+        self._last_accepted_at: float | None = None  # time.time(), for status()
 
     # ---- public ------------------------------------------------------------------------
 
@@ -120,6 +141,40 @@ class Consumer:
             self._stop_timeout = timeout
         self._stop.set()
         self.runtime.changed.set()
+
+    def status(self) -> ConsumerStatus:
+        """What this member is doing now (any thread): epoch, state, shards, in flight, last
+        heartbeat and error. Read without stopping run(): a snapshot, not a transaction."""
+        m = self.machine
+        for _ in range(5):  # run() may change the maps while they are copied
+            try:
+                owned, revoking = tuple(sorted(m.owned)), tuple(sorted(m.revoking))
+                break
+            except RuntimeError:
+                continue
+        else:
+            owned, revoking = (), ()
+        if m.left:
+            state = "LEFT"
+        elif m.leaving:
+            state = "LEAVING"
+        elif m.member_epoch <= 0:
+            state = "JOINING"
+        else:
+            state = m.last_status or "OK"
+        at = self._last_accepted_at
+        return ConsumerStatus(
+            member_id=self.member_id,
+            group=self.group,
+            member_epoch=m.member_epoch,
+            state=state,
+            owned_shards=owned,
+            revoking_shards=revoking,
+            in_flight=self.runtime.table.total_in_flight,
+            last_heartbeat_at=at,
+            seconds_since_last_heartbeat=None if at is None else max(0.0, time.time() - at),
+            last_error=m.last_error,
+        )
 
     def idempotency_marker(self, msg: Message, marker: str, ttl_ms: int) -> bool:
         """True the first time ``marker`` is seen for this group and shard within ``ttl_ms``."""
@@ -252,6 +307,7 @@ class Consumer:
                         # Accepted: the coordinator saw us alive no earlier than sent_at, so
                         # it cannot have expired us before sent_at + session timeout.
                         rt.read_deadline = sent_at + m.session_timeout_ms / 1000
+                        self._last_accepted_at = time.time()
                 self._apply(actions)
                 rt.set_paused(m.paused)  # §11
                 if m.left:
@@ -266,4 +322,4 @@ class Consumer:
             rt.changed.clear()
 
 
-__all__ = ["Consumer", "Message", "RuntimeConfig", "default_member_id"]
+__all__ = ["Consumer", "ConsumerStatus", "Message", "RuntimeConfig", "default_member_id"]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -148,5 +150,18 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as exc:
         raise PreflightError(str(exc)) from exc
     print(f"member {consumer.member_id} consuming group {args.group}", file=sys.stderr)
+    print_status_on_sigusr1(consumer)
     consumer.run()
     return 0
+
+
+def print_status_on_sigusr1(consumer: Any) -> None:
+    """``kill -USR1 <pid>`` prints ``Consumer.status()`` as one JSON line on stderr."""
+    if not hasattr(signal, "SIGUSR1"):  # not on Windows
+        return
+
+    def show(*_: object) -> None:
+        line = json.dumps({"status": consumer.status().as_dict()}, sort_keys=True)
+        print(line, file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGUSR1, show)

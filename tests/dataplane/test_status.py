@@ -1,0 +1,94 @@
+"""Issue 25.3 (status part): Consumer.status() and the CLI's SIGUSR1 status line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from dataplane import Consumer, ConsumerStatus, Message
+from dataplane.routing import ShardKeys
+
+from .conftest import ROOT, version_doc, wait_until
+
+
+def metadata(prefix: str) -> dict:
+    return {
+        "metadataEpoch": 1, "group": "g", "stream": "orders", "heartbeatIntervalMs": 100,
+        "sessionTimeoutMs": 30000, "startPosition": "earliest", "keyPrefix": prefix,
+        "versions": [version_doc("orders", 1, 2, prefix)],
+    }  # fmt: skip
+
+
+def test_i25_3_status_is_a_typed_snapshot_of_the_member(r, prefix, coordinator, redis_url):
+    coordinator.metadata = metadata(prefix)
+    release = threading.Event()
+
+    def handler(m: Message) -> None:
+        release.wait(10)
+
+    c = Consumer(coordinator.url, "g", "k", handler, redis_url=redis_url,
+                 member_id="member-s", block_ms=100)  # fmt: skip
+    before = c.status()
+    assert isinstance(before, ConsumerStatus)
+    assert (before.state, before.member_epoch, before.owned_shards) == ("JOINING", 0, ())
+    assert before.last_heartbeat_at is None
+    r.xadd(ShardKeys("orders:1:0", prefix).stream, {"key": "a"})
+    t = threading.Thread(target=c.run)
+    t.start()
+    try:
+        wait_until(lambda: c.status().in_flight == 1, what="one message in flight")
+        st = c.status()
+        assert st.member_id == "member-s"
+        assert st.group == "g"
+        assert st.member_epoch == 1
+        assert st.state == "OK"
+        assert st.owned_shards == ("orders:1:0", "orders:1:1")
+        assert st.revoking_shards == ()
+        assert st.last_error is None
+        assert st.seconds_since_last_heartbeat is not None
+        assert 0 <= st.seconds_since_last_heartbeat < 10
+        release.set()
+        wait_until(lambda: c.status().in_flight == 0, what="finished")
+    finally:
+        release.set()
+        c.stop()
+        t.join(15)
+    after = c.status()
+    assert after.state == "LEFT"
+    assert after.owned_shards == ()
+    assert after.as_dict()["member_id"] == "member-s"
+
+
+def test_i25_3_cli_prints_the_status_as_one_json_line_on_sigusr1(
+    prefix, coordinator, redis_url, tmp_path
+) -> None:
+    coordinator.metadata = metadata(prefix)
+    (tmp_path / "h.py").write_text("def handle(msg):\n    pass\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataplane", "consume", "--coordinator", coordinator.url,
+         "--group", "g", "--api-key", "k", "--redis", redis_url, "--handler", "h:handle",
+         "--block-ms", "100", "--member-id", "cli-status"],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        reqs = coordinator.requests
+        wait_until(lambda: any(q["memberEpoch"] == 1 and q["ownedShards"] for q in reqs),
+                   timeout=30, what="joined")  # fmt: skip
+        proc.send_signal(signal.SIGUSR1)
+        n = len(coordinator.requests)
+        wait_until(lambda: len(coordinator.requests) > n + 1, what="still heartbeating")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    lines = [json.loads(x) for x in err.splitlines() if x.startswith('{"status"')]
+    assert len(lines) == 1, err
+    st = lines[0]["status"]
+    assert st["member_id"] == "cli-status"
+    assert st["state"] == "OK"
+    assert st["owned_shards"] == ["orders:1:0", "orders:1:1"]
