@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/rsc
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: install run test lint bench bench-heartbeat bench-dataplane bench-describe
+.PHONY: install run test lint docs-api bench bench-heartbeat bench-dataplane bench-describe
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# The member library's API reference (HTML, from its docstrings) into build/api/dataplane.html.
+docs-api: install
+	$(VENV)/bin/pdoc -o build/api dataplane
 
 bench: bench-heartbeat bench-dataplane bench-describe
 

@@ -60,6 +60,12 @@ def _now_ms() -> int:
 
 
 class Consumer:
+    """A member of a consumer group: joins through the coordinator's heartbeat, reads the
+    shards it is granted from Redis and runs ``handler`` (sync or ``async def``) on each
+    message, keeping per-key order; :meth:`run` until :meth:`stop` or SIGINT/SIGTERM.
+    Optional rebalance listeners ``on_assigned`` / ``on_revoked`` / ``on_lost``
+    (listeners.py); :meth:`status` for a snapshot. See dataplane/README.md."""
+
     def __init__(
         self,
         coordinator_url: str,

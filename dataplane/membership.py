@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 
 
 class Membership:
+    """The member's pure heartbeat state machine (C1–C6): :meth:`poll` the next request, feed
+    the answer to :meth:`on_response` / :meth:`on_failure`, apply the returned Actions."""
+
     def __init__(
         self,
         member_id: str,

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 
 class Sent(NamedTuple):
+    """Where :meth:`Producer.send` appended a message: the shard id and the entry id."""
+
     shard: str
     id: str
 
@@ -61,6 +63,10 @@ class RoutingTable:
 
 
 class Producer:
+    """Appends messages to a stream's shards, routed by key (``hash64``) on the routing the
+    coordinator publishes; seal-aware (a sealed shard's batch is rerouted after a routing
+    refresh) and batched (one script call per shard and batch). Use as a context manager."""
+
     def __init__(
         self,
         coordinator_url: str,

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 @dataclass(slots=True)
 class RuntimeConfig:
+    """The consumer runtime's settings (``Consumer`` builds it from its arguments)."""
+
     workers: int = 4  # threads for a sync handler
     batch_size: int = 100
     block_ms: int = 1000

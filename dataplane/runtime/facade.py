@@ -39,6 +39,10 @@ def is_async_handler(handler: Callable[..., Any]) -> bool:
 
 
 class Runtime:
+    """The consumer runtime on Redis for one member: fenced reads, recovery, lanes that keep
+    per-key order, retries, DLQ and fenced ACKs. Driven through the seam (grant, revoke, abort,
+    in_flight); ``Consumer`` drives it from the heartbeat answers."""
+
     def __init__(
         self,
         redis_url: str,
