@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth.models import Group as AuthGroup
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
@@ -543,3 +544,9 @@ class SweepRunAdmin(ReadOnlyAdmin):
         return f"{(timezone.now() - obj.last_finished_at).total_seconds():.1f}"
 
 from groups import admin_keys  # noqa: E402, F401  (API keys: registered in their own module)
+
+# Issue 24.8: the coordinator has no site beyond the admin and the API, so the admin's "View
+# site" link (to /) only led to a 404; and Django's permission "Groups" sat next to "Consumer
+# groups" although staff get their permissions per user here.
+admin.site.site_url = None
+admin.site.unregister(AuthGroup)

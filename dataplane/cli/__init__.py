@@ -50,6 +50,9 @@ def _configure_logging(command: str, verbose: int) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.INFO if verbose else logging.WARNING)
+    # redis-py logs every connection's MAINT_NOTIFICATIONS handshake at DEBUG: only with -vv
+    # (the demo members of make run run with -v and printed it over and over; issue 24.8).
+    logging.getLogger("redis").setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
     logging.getLogger("httpcore").setLevel(logging.DEBUG if verbose > 1 else logging.WARNING)
 
 

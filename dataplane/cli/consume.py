@@ -106,6 +106,13 @@ def load_handler(spec: str) -> Callable[[Any], Any]:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"--handler must look like module:function, got {spec!r}")
+    if "/" in module_name or "\\" in module_name or module_name.endswith(".py"):
+        module = module_name.removesuffix(".py").lstrip("./").replace("/", ".")
+        raise ValueError(
+            f"--handler takes module:function, not a path: for {module_name} run from its"
+            f" directory with --handler {module or 'module'}:{attr}"
+            " (the current directory is on sys.path)"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # handlers usually live next to where we are run
     obj: Any = importlib.import_module(module_name)

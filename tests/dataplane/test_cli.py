@@ -90,6 +90,12 @@ def test_clear_errors(coordinator, redis_url) -> None:
     out = run(["consume", "--group", "g", "--handler", "nosuchmodule:fn"], e)
     assert out.returncode == 2
     assert "cannot load handler" in out.stderr
+    # i24.8: a path instead of module:function says so, not a TypeError from importlib.
+    out = run(["consume", "--group", "g", "--handler", "./handlers/orders.py:handle"], e)
+    assert out.returncode == 2
+    assert "not a path" in out.stderr
+    assert "--handler handlers.orders:handle" in out.stderr
+    assert "TypeError" not in out.stderr
 
 
 def test_consume_until_sigterm_then_leave(r, prefix, coordinator, redis_url, tmp_path) -> None:
@@ -232,3 +238,15 @@ def test_i25_7_every_public_name_has_a_docstring_and_the_package_is_typed() -> N
             undocumented.append(name)  # none, or only the one dataclasses/NamedTuple write
     assert undocumented == []
     assert (ROOT / "dataplane" / "py.typed").exists()
+
+
+def test_i24_8_consume_with_v_keeps_redis_py_debug_lines_out() -> None:
+    import logging
+
+    from dataplane.cli import _configure_logging
+
+    _configure_logging("consume", 1)
+    assert not logging.getLogger("redis").isEnabledFor(logging.DEBUG)  # MAINT_NOTIFICATIONS lines
+    _configure_logging("consume", 2)
+    assert logging.getLogger("redis").isEnabledFor(logging.DEBUG)
+    logging.getLogger("redis").setLevel(logging.NOTSET)

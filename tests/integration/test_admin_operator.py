@@ -71,6 +71,9 @@ def test_index_dashboard_shows_streams_groups_backlog_and_sweeps(api: Any, fx: G
     # Two "Groups" no more: auth's groups and consumer groups have different labels.
     assert "Streams and consumer groups" in page
     assert ">Consumer groups<" in page
+    # i24.8: Django's permission groups are hidden, and no "View site" link leads to a 404.
+    assert "/admin/auth/group/" not in page
+    assert "View site" not in page
 
 
 def test_group_page_shows_backlog_member_summary_dlq_entries_and_stream_events(

@@ -147,7 +147,7 @@ def test_i24_3_output_piped_into_head_exits_quietly():
     Group.objects.bulk_create(Group(name=f"bp-{i:04d}", stream=stream) for i in range(2500))
     pipeline = [PYTHON, "manage.py", "list_groups", "|", "head", "-1", ";", "exit", "${PIPESTATUS[0]}"]
     p = run(pipeline, shell=True)  # noqa: S604 - the tests' own pipeline
-    assert p.stdout.startswith("bp-0000")
+    assert p.stdout.startswith("GROUP ")  # the header row
     assert p.stdout.count("\n") == 1
     assert "Traceback" not in p.stderr
     assert "BrokenPipe" not in p.stderr, p.stderr

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from groups.errors import ServiceError
 from groups.housekeeping import list_groups
+from groups.management.commands.describe_group import table
 
 
 class Command(BaseCommand):
@@ -26,8 +27,8 @@ class Command(BaseCommand):
             return
         if not rows:
             self.stdout.write("no groups")
-        for r in rows:
-            self.stdout.write(
-                f"{r['group']:<30} stream={r['stream']:<30} live members={r['liveMembers']:<5} "
-                f"groupEpoch={r['groupEpoch']} assignmentEpoch={r['assignmentEpoch']}"
-            )
+        lines = table(("GROUP", "STREAM", "LIVE-MEMBERS", "GROUP-EPOCH", "ASSIGNMENT-EPOCH"),
+                      [(r["group"], r["stream"], r["liveMembers"], r["groupEpoch"], r["assignmentEpoch"])
+                       for r in rows]) if rows else []
+        for line in lines:  # one write per line: `| head` stops it early
+            self.stdout.write(line)

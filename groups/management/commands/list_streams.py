@@ -6,6 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from groups.housekeeping import list_streams
+from groups.management.commands.describe_group import table
 
 
 class Command(BaseCommand):
@@ -21,8 +22,8 @@ class Command(BaseCommand):
             return
         if not rows:
             self.stdout.write("no streams (create one: manage.py create_stream NAME --shards N)")
-        for r in rows:
-            self.stdout.write(
-                f"{r['stream']:<30} {r['state']:<10} v{r['writeVersion']:<4} shards={r['shards']:<6} "
-                f"groups={r['groups']:<4} prefix={r['keyPrefix']}"
-            )
+        lines = table(("STREAM", "STATE", "WRITE-VERSION", "SHARDS", "GROUPS", "KEY-PREFIX"),
+                      [(r["stream"], r["state"], f"v{r['writeVersion']}", r["shards"], r["groups"], r["keyPrefix"])
+                       for r in rows]) if rows else []
+        for line in lines:  # one write per line: `| head` stops it early
+            self.stdout.write(line)
