@@ -68,10 +68,10 @@ class LogThrottle:
 
 
 _joins = PROCESS.own(
-    "join rate limits", TokenBuckets(),
-    "key: ('key', API key id) or ('ip', client address) -> (tokens, at); bound: 10,000 keys,"
-    " oldest out; invalidated: refills with time; N hosts: per web worker by design"
-    " (JOIN_RATE_* is per worker, documented).",
+    "join and leave rate limits", TokenBuckets(),
+    "key: ('JOIN' or 'LEAVE', 'key', API key id) or (.., 'ip', client address) -> (tokens, at);"
+    " bound: 10,000 keys, oldest out; invalidated: refills with time; N hosts: per web worker by"
+    " design (JOIN_RATE_* and LEAVE_RATE_* are per worker, documented).",
 )
 
 

@@ -34,6 +34,7 @@ from django.utils import timezone
 
 from assignments.models import ShardAssignment
 from coordination.engine import Intake
+from coordinator_project.process_state import PROCESS
 from groups.models import ApiKey, Event, Group, Shard, ShardVersion, Stream
 from members.models import IntakeBeacon, Member
 
@@ -70,8 +71,17 @@ class _Failures:
             if self._at is not None and self._at <= at:
                 self._at = None
 
+    def reset(self) -> None:
+        with self._lock:
+            self._at = None
 
-_failures = _Failures()
+
+_failures = PROCESS.own(
+    "unstamped heartbeat failures", _Failures(),
+    "key: none, the latest moment a heartbeat failed by the database or the table probe failed;"
+    " bound: one datetime; invalidated: the next beacon stamp writes it; N hosts: the stamp takes"
+    " the greatest moment of any worker in one statement, so no worker's note is lost.",
+)
 
 
 def note_heartbeat_failed(now: datetime | None = None) -> None:
