@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/dataplane.py [--messages 200000] [--shards 4] [--count 100]
 
-Consumer: the runtime with a no-op handler, sync (worker threads) and ``async def`` (event
-loop lanes), shards granted directly through its seam, no coordinator, vs a raw loop of
+Consumer: the runtime with a no-op handler, sync (worker threads), ``async def`` (event
+loop lanes) and a no-op batch handler (``batch=True``, worker threads), shards granted directly through its seam, no coordinator, vs a raw loop of
 XREADGROUP COUNT n over the same shard streams + one XACK per stream and batch: the same
 messages, the same COUNT, the same BLOCK, each in a group of its own. The runtime's time runs
 from its grant (fence raise, group creation, recovery included) until Redis shows every
@@ -75,6 +75,7 @@ def runtime_consume(
     count: int,
     workers: int,
     is_async: bool = False,
+    batch: bool = False,
 ) -> float:
     r = redis.Redis.from_url(url, decode_responses=True)
     streams = [ShardKeys(s, prefix).stream for s in shards]
@@ -85,8 +86,12 @@ def runtime_consume(
     async def async_noop(msg: object) -> None:
         pass
 
+    def batch_noop(msgs: list[object]) -> None:
+        pass
+
     cfg = RuntimeConfig(workers=workers, batch_size=count, block_ms=100)
-    rt = Runtime(url, group, "bench", async_noop if is_async else noop, cfg)
+    handler = batch_noop if batch else async_noop if is_async else noop
+    rt = Runtime(url, group, "bench", handler, cfg, batch=batch)  # type: ignore[arg-type]
     rt.start()
     t0 = time.perf_counter()
     for s in shards:
@@ -198,7 +203,7 @@ def main() -> int:
     load_before = os.getloadavg()
     try:
         fill(r, streams, args.messages)
-        raw_c, rt_c, rt_a, raw_p, dp_p = [], [], [], [], []
+        raw_c, rt_c, rt_a, rt_b, raw_p, dp_p = [], [], [], [], [], []
         for rnd in range(args.rounds):
             raw_c.append(raw_consume(args.redis, streams, f"raw{rnd}", args.messages, args.count))
             rt_c.append(
@@ -211,6 +216,10 @@ def main() -> int:
                     args.redis, prefix, shards, f"ra{rnd}", args.messages, args.count, args.workers, True
                 )
             )
+            rt_b.append(
+                runtime_consume(args.redis, prefix, shards, f"rb{rnd}", args.messages,
+                                args.count, args.workers, batch=True)
+            )
             raw_p.append(
                 raw_produce(
                     args.redis,
@@ -222,6 +231,7 @@ def main() -> int:
             dp_p.append(producer_throughput(args.redis, prefix, args.shards, args.messages, args.batch))
         c_ratio = max(rt_c) / max(raw_c)
         a_ratio = max(rt_a) / max(raw_c)
+        b_ratio = max(rt_b) / max(raw_c)
         p_ratio = max(dp_p) / max(raw_p)
         print(
             f"messages={args.messages} shards={args.shards} count={args.count} "
@@ -251,6 +261,14 @@ def main() -> int:
         print(
             f"consumer async ratio        : {a_ratio:.2f}x  (target >= 0.6x; per round "
             f"{', '.join(f'{c / w:.2f}' for c, w in zip(rt_a, raw_c, strict=True))})"
+        )
+        print(
+            f"consumer runtime, batch     : {max(rt_b):>10,.0f} msg/s  "
+            f"(rounds {', '.join(f'{x:,.0f}' for x in rt_b)})"
+        )
+        print(
+            f"consumer batch ratio        : {b_ratio:.2f}x  (batch_handler, no-op; per round "
+            f"{', '.join(f'{c / w:.2f}' for c, w in zip(rt_b, raw_c, strict=True))})"
         )
         print(
             f"producer raw pipelined XADD : {max(raw_p):>10,.0f} msg/s  "

@@ -37,11 +37,13 @@ _LAZY = {
     "GroupNotFoundError": "errors",
     "RedisUnavailableError": "errors",
     "InstanceIdReplaced": "errors",
+    "BatchItemsFailed": "errors",
 }
 
 __all__ = [
     "HASH_ALGORITHM",
     "AuthenticationError",
+    "BatchItemsFailed",
     "ConfigurationError",
     "Consumer",
     "ConsumerStatus",
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
     from .consumer import Consumer, ConsumerStatus
     from .errors import (
         AuthenticationError,
+        BatchItemsFailed,
         ConfigurationError,
         DataplaneError,
         GroupNotFoundError,

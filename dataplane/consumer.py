@@ -23,7 +23,7 @@ from .listeners import Listener, Listeners
 from .membership import Actions, Membership
 from .message import Message
 from .protocol import MEMBER_ID_RE, MEMBER_ID_RULE
-from .runtime import Handler, Runtime, RuntimeConfig
+from .runtime import BatchHandler, Handler, Runtime, RuntimeConfig
 from .transport import CoordinatorUnavailable, Transport
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class Consumer:
         coordinator_url: str,
         group: str,
         api_key: str | None,
-        handler: Handler,
+        handler: Handler | None,
         redis_url: str = "redis://127.0.0.1:6379/0",
         member_id: str | None = None,
         workers: int = 4,
@@ -93,7 +93,10 @@ class Consumer:
         on_assigned: Listener | None = None,
         on_revoked: Listener | None = None,
         on_lost: Listener | None = None,
+        batch_handler: BatchHandler | None = None,
     ) -> None:
+        if (handler is None) == (batch_handler is None):
+            raise ValueError("give exactly one of handler and batch_handler")
         self.member_id = member_id or default_member_id()
         if not MEMBER_ID_RE.fullmatch(self.member_id):
             raise ValueError(f"member_id must be {MEMBER_ID_RULE}")
@@ -118,7 +121,15 @@ class Consumer:
             retry_backoff_ms=retry_backoff_ms,
             max_concurrency=max_concurrency,
         )
-        self.runtime = Runtime(redis_url, group, self.member_id, handler, cfg, cluster=cluster)
+        self.runtime = Runtime(
+            redis_url,
+            group,
+            self.member_id,
+            handler or batch_handler,  # type: ignore[arg-type]
+            cfg,
+            cluster=cluster,
+            batch=batch_handler is not None,
+        )
         self.shutdown_timeout_s = shutdown_timeout_s
         # After the session is lost, how long 401/403/404 (deleted group) refusals may go on
         # before run() raises them: a key rotation or a redeploy heals sooner than this.

@@ -12,6 +12,7 @@ and the newest wins.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .protocol import ErrorCode
@@ -52,6 +53,20 @@ class InstanceIdReplaced(ConfigurationError):
         )
 
 
+class BatchItemsFailed(Exception):
+    """Raised by a batch handler to say which messages of the batch failed (by message id,
+    with their error); the others count as handled and are ACKed. Only the failed ones are
+    retried (as a smaller batch) or dead-lettered after ``max_deliveries``. Any other exception
+    fails the whole batch."""
+
+    def __init__(self, failed: Mapping[str, Exception | str] | Iterable[str]) -> None:
+        items = failed.items() if isinstance(failed, Mapping) else ((i, "failed") for i in failed)
+        self.failed: dict[str, Exception] = {
+            i: e if isinstance(e, Exception) else RuntimeError(str(e)) for i, e in items
+        }
+        super().__init__(f"{len(self.failed)} messages of the batch failed")
+
+
 def heartbeat_refusal(
     group: str, http_status: int, body: dict[str, Any]
 ) -> ConfigurationError | None:
@@ -68,6 +83,7 @@ def heartbeat_refusal(
 
 __all__ = [
     "AuthenticationError",
+    "BatchItemsFailed",
     "ConfigurationError",
     "DataplaneError",
     "GroupNotFoundError",

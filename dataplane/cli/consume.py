@@ -21,10 +21,16 @@ def add_parser(sub: Any) -> None:
     c = add_sub(sub, "consume", "join a group and run a handler on its messages")
     add_common(c)
     c.add_argument("--group", required=True, help="the consumer group to join")
-    c.add_argument(
+    which = c.add_mutually_exclusive_group(required=True)
+    which.add_argument(
         "--handler",
-        required=True,
         help="module:function taking a Message (the current directory is on sys.path)",
+    )
+    which.add_argument(
+        "--batch-handler",
+        dest="batch_handler",
+        metavar="MODULE:FUNCTION",
+        help="instead of --handler: module:function taking a list of one shard's Messages",
     )
     c.add_argument(
         "--member-id",
@@ -127,10 +133,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..consumer import Consumer
 
     try:
-        handler = load_handler(args.handler)
+        handler = load_handler(args.handler or args.batch_handler)
     except Exception as exc:  # import errors of the handler's module included
         raise PreflightError(
-            f"cannot load handler {args.handler!r}: {type(exc).__name__}: {exc}"
+            f"cannot load handler {args.handler or args.batch_handler!r}: "
+            f"{type(exc).__name__}: {exc}"
         ) from exc
     describe_group(args.coordinator, args.api_key, args.group)
     check_redis(args.redis, args.cluster)
@@ -139,7 +146,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             args.coordinator,
             args.group,
             args.api_key,
-            handler,
+            None if args.batch_handler else handler,
             redis_url=args.redis,
             member_id=args.member_id,
             instance_id=args.instance_id,
@@ -153,6 +160,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             cluster=args.cluster,
             shutdown_timeout_s=args.shutdown_timeout,
             refusal_timeout_s=args.refusal_timeout,
+            batch_handler=handler if args.batch_handler else None,
         )
     except ValueError as exc:
         raise PreflightError(str(exc)) from exc

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from .capabilities import AckMode, ack_mode_from_capabilities, detect_ack_mode
 from .config import RuntimeConfig
-from .facade import Handler, Runtime, is_async_handler
+from .facade import BatchHandler, Handler, Runtime, is_async_handler
 from .shard_table import ShardStatus
 
 __all__ = [
     "AckMode",
+    "BatchHandler",
     "Handler",
     "Runtime",
     "RuntimeConfig",

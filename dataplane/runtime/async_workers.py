@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from queue import Empty, SimpleQueue
 from typing import Any
 
+from ..errors import BatchItemsFailed
 from ..message import Message
 from .acker import Finished
 from .retry import Outcome, Tally
@@ -41,6 +42,8 @@ class AsyncWorkers(LaneWorkers):
         self._hand_over_soon = False
         self.thread = threading.Thread(target=self._run_loop, name="dp-async", daemon=True)
         self.feeder = threading.Thread(target=self._feed, name="dp-async-feed", daemon=True)
+        if self.batch:
+            self._run = self._run_batch  # type: ignore[method-assign]
 
     def start(self) -> None:
         self.thread.start()
@@ -136,6 +139,44 @@ class AsyncWorkers(LaneWorkers):
                     outcome = await self._retry(st, msg, exc, ack=True)
             if not tally.add(msg, outcome, len(msgs) - i):
                 break
+        return Finished(st, tally.ids, tally.settled)
+
+    async def _run_batch(self, batch: Batch) -> Finished:
+        """An ``async def`` batch handler: as ThreadWorkers._run_batch, awaited."""
+        st, msgs = batch.shard, batch.messages
+        tally, ack, retry = Tally(), not self.ack_before, self.retry
+        if self.ack_before:
+            ids = [m.id for m in msgs]
+            if not st.handling or await asyncio.to_thread(self.fenced.ack_now, st, ids) == -1:
+                return Finished(st, settled=len(msgs))
+        todo = msgs
+        if any(m.delivery_count > retry.cfg.max_deliveries for m in msgs):
+            todo = await asyncio.to_thread(retry.batch_runnable, st, msgs, tally, ack=ack)
+        backoff = retry.backoff()
+        while todo:
+            if not st.handling:
+                tally.settled += len(todo)
+                break
+            try:
+                await self.handler(list(todo))  # type: ignore[arg-type]
+                failed: dict[str, Exception] = {}
+            except BatchItemsFailed as partial:
+                failed = partial.failed
+            except Exception as exc:
+                failed = dict.fromkeys((m.id for m in todo), exc)
+            if failed:
+                todo = await asyncio.to_thread(
+                    retry.batch_failures, st, todo, failed, tally, ack=ack
+                )
+            else:
+                todo = retry.batch_failures(st, todo, failed, tally, ack=ack)  # no Redis call
+            if todo and (
+                await self._stopped_within(backoff.next()) or not retry.again_all(st, todo)
+            ):
+                tally.settled += len(todo)
+                break
+        if self.ack_before:
+            return Finished(st, settled=len(msgs))
         return Finished(st, tally.ids, tally.settled)
 
     async def _run_ack_before(self, batch: Batch) -> Finished:

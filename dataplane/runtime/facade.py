@@ -31,6 +31,7 @@ from .shard_table import ShardStatus, ShardTable, StartShard, StopShard
 from .workers import Dispatcher, ThreadWorkers, Workers
 
 Handler = Callable[[Message], Any] | Callable[[Message], Awaitable[Any]]
+BatchHandler = Callable[[list[Message]], Any] | Callable[[list[Message]], Awaitable[Any]]
 
 
 def is_async_handler(handler: Callable[..., Any]) -> bool:
@@ -48,12 +49,14 @@ class Runtime:
         redis_url: str,
         group: str,
         consumer: str,
-        handler: Handler,
+        handler: Handler | BatchHandler,
         config: RuntimeConfig | None = None,
         *,
         cluster: bool = False,
         socket_timeout: float = 5.0,
+        batch: bool = False,
     ) -> None:
+        """``batch``: ``handler`` is a batch handler (a list of one shard's messages)."""
         self.group = group
         self.consumer = consumer
         self.cfg = cfg = config or RuntimeConfig()
@@ -82,9 +85,9 @@ class Runtime:
         ack_before = cfg.ack == "before"
         parts = (lanes, retry, self.acker, self.fenced, self._stopping)
         self.workers: Workers = (
-            AsyncWorkers(handler, *parts, ack_before=ack_before)
+            AsyncWorkers(handler, *parts, ack_before=ack_before, batch=batch)
             if self.is_async
-            else ThreadWorkers(handler, *parts, ack_before=ack_before)
+            else ThreadWorkers(handler, *parts, ack_before=ack_before, batch=batch)
         )
         dispatcher = Dispatcher(cfg.key_field, self.table, self.workers, self.acker, group)
         recovery = Recovery(

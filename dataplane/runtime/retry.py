@@ -73,6 +73,52 @@ class Retry:
         )
         return None
 
+    def batch_runnable(
+        self, st: ShardState, msgs: list[Message], tally: Tally, *, ack: bool
+    ) -> list[Message]:
+        """A batch's messages that may run; those delivered more often than allowed go to
+        the DLQ unrun (as :meth:`dead_letter_unrun`)."""
+        limit = self.cfg.max_deliveries
+        if all(m.delivery_count <= limit for m in msgs):
+            return msgs
+        for m in msgs:
+            if m.delivery_count > limit:
+                self.dead_letter(st, m, "max deliveries exceeded before handling", ack=ack)
+                tally.settled += 1
+        return [m for m in msgs if m.delivery_count <= limit]
+
+    def batch_failures(
+        self,
+        st: ShardState,
+        todo: list[Message],
+        failed: dict[str, Exception],
+        tally: Tally,
+        *,
+        ack: bool,
+    ) -> list[Message]:
+        """One batch call's outcome: the messages not failed are handled (ACKed), a failed one
+        on its last delivery goes to the DLQ; returns the ones to run again, in ID order."""
+        again: list[Message] = []
+        for m in todo:
+            exc = failed.get(m.id)
+            if exc is None:
+                if ack:
+                    tally.ids.append(m.id)
+            elif self.failed(st, m, exc, ack=ack) is Outcome.DLQ:
+                tally.settled += 1
+            else:
+                again.append(m)
+        return again
+
+    @staticmethod
+    def again_all(st: ShardState, msgs: list[Message]) -> bool:
+        """After the backoff, before a batch runs again: False when the shard stopped."""
+        if not st.handling:
+            return False
+        for m in msgs:
+            m.delivery_count += 1
+        return True
+
     @staticmethod
     def again(st: ShardState, msg: Message) -> bool:
         """After the backoff: False when the shard stopped handling meanwhile."""

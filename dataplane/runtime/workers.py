@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from queue import SimpleQueue
 from typing import Any, Protocol
 
+from ..errors import BatchItemsFailed
 from ..message import REPLAY_FOR, Message
 from .acker import Acker, Fenced, Finished
 from .retry import Outcome, Retry, Tally
@@ -131,8 +132,10 @@ class LaneWorkers:
         stopping: threading.Event,
         *,
         ack_before: bool,
+        batch: bool = False,
     ) -> None:
         self.handler = handler
+        self.batch = batch  # the handler takes a list of one shard's messages
         self.lanes = lanes
         self.retry = retry
         self.acker = acker
@@ -153,6 +156,9 @@ class ThreadWorkers(LaneWorkers):
             threading.Thread(target=self._loop, args=(q,), name=f"dp-worker-{i}", daemon=True)
             for i, q in enumerate(self.queues)
         ]
+
+        if self.batch:
+            self._run = self._run_batch  # type: ignore[method-assign]
 
     def start(self) -> None:
         for t in self.threads:
@@ -205,6 +211,35 @@ class ThreadWorkers(LaneWorkers):
                     outcome = self._retry(st, msg, exc, ack=True)
             if not tally.add(msg, outcome, len(msgs) - i):
                 break
+        return Finished(st, tally.ids, tally.settled)
+
+    def _run_batch(self, batch: Batch) -> Finished:
+        """A batch handler: the lane's messages of one shard in one call (batch_failures)."""
+        st, msgs = batch.shard, batch.messages
+        tally = Tally()
+        if self.ack_before and (
+            not st.handling or self.fenced.ack_now(st, [m.id for m in msgs]) == -1
+        ):
+            return Finished(st, settled=len(msgs))
+        todo = self.retry.batch_runnable(st, msgs, tally, ack=not self.ack_before)
+        backoff = self.retry.backoff()
+        while todo:
+            if not st.handling:
+                tally.settled += len(todo)  # left pending for the next owner
+                break
+            try:
+                self.handler(list(todo))  # type: ignore[arg-type]
+                failed: dict[str, Exception] = {}
+            except BatchItemsFailed as partial:
+                failed = partial.failed
+            except Exception as exc:
+                failed = dict.fromkeys((m.id for m in todo), exc)
+            todo = self.retry.batch_failures(st, todo, failed, tally, ack=not self.ack_before)
+            if todo and (backoff.wait(self.stopping) or not self.retry.again_all(st, todo)):
+                tally.settled += len(todo)
+                break
+        if self.ack_before:
+            return Finished(st, settled=len(msgs))
         return Finished(st, tally.ids, tally.settled)
 
     def _run_ack_before(self, batch: Batch) -> Finished:
