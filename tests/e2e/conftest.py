@@ -32,7 +32,7 @@ from groups.describe import describe_group
 from groups.models import Shard
 from groups.services import create_api_key, create_group, create_stream
 from groups.sweeps import run_all_sweeps
-from tests.integration.conftest import LiveServer, _fresh_key_cache, gunicorn_server  # noqa: F401
+from tests.integration.conftest import LiveServer, _fresh_process_state, gunicorn_server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 
