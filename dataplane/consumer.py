@@ -94,6 +94,8 @@ class Consumer:
         on_revoked: Listener | None = None,
         on_lost: Listener | None = None,
         batch_handler: BatchHandler | None = None,
+        metrics: bool = False,
+        metrics_port: int | None = None,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ValueError("give exactly one of handler and batch_handler")
@@ -121,6 +123,13 @@ class Consumer:
             retry_backoff_ms=retry_backoff_ms,
             max_concurrency=max_concurrency,
         )
+        # Prometheus metrics (the optional extra): imported only when asked for.
+        self.metrics: Any = None
+        self.metrics_port = metrics_port
+        if metrics or metrics_port is not None:
+            from .metrics import Metrics
+
+            self.metrics = Metrics()
         self.runtime = Runtime(
             redis_url,
             group,
@@ -129,7 +138,11 @@ class Consumer:
             cfg,
             cluster=cluster,
             batch=batch_handler is not None,
+            metrics=self.metrics,
         )
+        if self.metrics is not None:
+            self.metrics.owned_shards.set_function(lambda: len(self.machine.owned))
+            self.metrics.since_heartbeat.set_function(self._seconds_since_heartbeat)
         self.shutdown_timeout_s = shutdown_timeout_s
         # After the session is lost, how long 401/403/404 (deleted group) refusals may go on
         # before run() raises them: a key rotation or a redeploy heals sooner than this.
@@ -158,6 +171,25 @@ class Consumer:
             self._stop_timeout = timeout
         self._stop.set()
         self.runtime.changed.set()
+
+    def _seconds_since_heartbeat(self) -> float:
+        at = self._last_accepted_at
+        return -1.0 if at is None else max(0.0, time.time() - at)
+
+    def health(self) -> str | None:
+        """None when healthy, else why not (``/healthz`` answers 503 with it): not joined yet,
+        the session lost (no accepted heartbeat within the session timeout), Redis unreachable,
+        or left."""
+        m = self.machine
+        if m.left:
+            return "left the group"
+        if self._last_accepted_at is None:
+            return "not joined yet"
+        if time.monotonic() > self.runtime.read_deadline:
+            return "session lost: no accepted heartbeat within the session timeout"
+        if not self.runtime.redis_ok:
+            return "Redis unreachable"
+        return None
 
     def status(self) -> ConsumerStatus:
         """What this member is doing now (any thread): epoch, state, shards, in flight, last
@@ -203,6 +235,10 @@ class Consumer:
         when another process joined with this instance id (its shards already aborted)."""
         restore = self._install_signals()
         try:
+            if self.metrics is not None and self.metrics_port is not None:
+                port = self.metrics.serve(self.metrics_port, self.health)
+                log.info("metrics on :%d/metrics, health on :%d/healthz", port, port)
+                self.metrics_port = port
             self.runtime.start()
             self._loop()
             replaced = self.machine.replaced
@@ -212,6 +248,8 @@ class Consumer:
         finally:
             self.runtime.stop(timeout=5.0)
             self.transport.close()
+            if self.metrics is not None:
+                self.metrics.close()
             for sig, old in restore:
                 signal.signal(sig, old)
 
@@ -303,8 +341,15 @@ class Consumer:
                 try:
                     status, body = self.transport.heartbeat(self.group, req)
                 except CoordinatorUnavailable as exc:
+                    if self.metrics is not None:
+                        self.metrics.heartbeat_errors.labels("UNREACHABLE").inc()
                     actions = m.on_failure(_now_ms(), repr(exc))
                 else:
+                    if self.metrics is not None:
+                        self.metrics.heartbeat_seconds.observe(time.monotonic() - sent_at)
+                        code = body.get("errorCode") or "NONE"
+                        if code != "NONE":
+                            self.metrics.heartbeat_errors.labels(str(code)).inc()
                     fatal = heartbeat_refusal(self.group, status, body)
                     if fatal is not None and not joined:
                         raise fatal  # before the first join: a wrong key or group, not a blip

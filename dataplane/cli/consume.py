@@ -100,6 +100,14 @@ def add_parser(sub: Any) -> None:
         "(401/403) or the group (404) for this long and the session is lost (default 30)",
     )
     c.add_argument(
+        "--metrics-port",
+        dest="metrics_port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus /metrics and /healthz on this port (needs prometheus-client: "
+        "pip install 'rsc-dataplane[metrics]'); off by default",
+    )
+    c.add_argument(
         "--ack",
         choices=("after", "before"),
         default="after",
@@ -161,6 +169,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             shutdown_timeout_s=args.shutdown_timeout,
             refusal_timeout_s=args.refusal_timeout,
             batch_handler=handler if args.batch_handler else None,
+            metrics_port=args.metrics_port,
         )
     except ValueError as exc:
         raise PreflightError(str(exc)) from exc

@@ -55,14 +55,18 @@ class Runtime:
         cluster: bool = False,
         socket_timeout: float = 5.0,
         batch: bool = False,
+        metrics: Any = None,
     ) -> None:
-        """``batch``: ``handler`` is a batch handler (a list of one shard's messages)."""
+        """``batch``: ``handler`` is a batch handler (a list of one shard's messages);
+        ``metrics``: a ``dataplane.metrics.Metrics`` (None: no counting anywhere)."""
         self.group = group
         self.consumer = consumer
         self.cfg = cfg = config or RuntimeConfig()
         cfg.validate()
         self.cluster = cluster
         self.is_async = is_async_handler(handler)
+        if metrics is not None:
+            handler = metrics.wrap(handler, batch=batch)  # timed and counted per shard
         lanes = cfg.max_concurrency if self.is_async else cfg.workers
         self.max_in_flight = cfg.max_in_flight or lanes * cfg.batch_size * 4
         # Commands (ACKs, scripts, setup): a bounded, short retry; they are all idempotent.
@@ -81,7 +85,7 @@ class Runtime:
         self.changed = self.table.changed  # set when in-flight drops or drained/lost change
         self.fenced = Fenced(self.client, group, self.table, self._stopping)
         self.acker = Acker(self.fenced, self.table, self._stopping, cluster=cluster)
-        retry = Retry(cfg, self.fenced)
+        retry = Retry(cfg, self.fenced, metrics)
         ack_before = cfg.ack == "before"
         parts = (lanes, retry, self.acker, self.fenced, self._stopping)
         self.workers: Workers = (
@@ -97,7 +101,15 @@ class Runtime:
             self.client, self.read_client, group, consumer, cfg, self.table, recovery,
             dispatcher, self._stopping, cluster=cluster,
         )  # fmt: skip
+        self.reader.metrics = metrics
+        if metrics is not None:
+            metrics.in_flight.set_function(lambda: self.table.total_in_flight)
         self._started = False
+
+    @property
+    def redis_ok(self) -> bool:
+        """False while the reader's last turn failed on a Redis connection error."""
+        return self.reader.redis_ok
 
     @property
     def ack_mode(self) -> str:

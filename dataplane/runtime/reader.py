@@ -68,6 +68,8 @@ class Reader:
         # The session lease (time.monotonic() seconds), kept by the Consumer: see
         # Runtime.read_deadline. inf: no lease (direct use).
         self.read_deadline = float("inf")
+        self.redis_ok = True  # the last turn reached Redis (health)
+        self.metrics: Any = None  # dataplane.metrics.Metrics or None
         self.paused = False  # §11: the group is paused: apply control ops, read nothing
         self.thread = threading.Thread(target=self._loop, name="dp-reader", daemon=True)
 
@@ -97,7 +99,9 @@ class Reader:
                     self.recovery.sweep_orphans(now)
                 self._read_once()
                 backoff.reset()
+                self.redis_ok = True
             except NET_ERRORS as exc:
+                self.redis_ok = False
                 log.warning("redis error in reader (retrying): %r", exc)
                 self._drop_connection()
                 backoff.wait(self.stopping)
@@ -179,6 +183,8 @@ class Reader:
         """Mark the shards a fenced read refused lost: their fence token moved on."""
         for st in refused:
             log.warning("read refused on %s: fence token moved past %s", st.shard, st.token)
+            if self.metrics is not None:
+                self.metrics.fenced_reads_refused.labels(st.shard).inc()
             self.table.mark_lost(st)
 
     def _read_cluster(self, active: list[ShardState], recovering: bool) -> None:

@@ -49,9 +49,10 @@ class Tally:
 
 
 class Retry:
-    def __init__(self, cfg: RuntimeConfig, fenced: Fenced) -> None:
+    def __init__(self, cfg: RuntimeConfig, fenced: Fenced, metrics: Any = None) -> None:
         self.cfg = cfg
         self.fenced = fenced
+        self.metrics = metrics  # dataplane.metrics.Metrics or None
 
     def backoff(self) -> Backoff:
         return Backoff(self.cfg.retry_backoff_ms / 1000, self.cfg.retry_backoff_max_ms / 1000)
@@ -110,21 +111,23 @@ class Retry:
                 again.append(m)
         return again
 
-    @staticmethod
-    def again_all(st: ShardState, msgs: list[Message]) -> bool:
+    def again_all(self, st: ShardState, msgs: list[Message]) -> bool:
         """After the backoff, before a batch runs again: False when the shard stopped."""
         if not st.handling:
             return False
         for m in msgs:
             m.delivery_count += 1
+        if self.metrics is not None:
+            self.metrics.retried.labels(st.shard).inc(len(msgs))
         return True
 
-    @staticmethod
-    def again(st: ShardState, msg: Message) -> bool:
+    def again(self, st: ShardState, msg: Message) -> bool:
         """After the backoff: False when the shard stopped handling meanwhile."""
         if not st.handling:
             return False
         msg.delivery_count += 1
+        if self.metrics is not None:
+            self.metrics.retried.labels(st.shard).inc()
         return True
 
     def dead_letter(self, st: ShardState, msg: Message, error: str, *, ack: bool) -> None:
@@ -142,6 +145,8 @@ class Retry:
         if res == -1:
             self.fenced.table.mark_lost(st)
             return
+        if self.metrics is not None:
+            self.metrics.dead_lettered.labels(st.shard).inc()
         log.warning(
             "message %s of %s moved to %s after %d deliveries",
             msg.id, st.shard, keys[2], msg.delivery_count,
