@@ -96,6 +96,7 @@ class Consumer:
         batch_handler: BatchHandler | None = None,
         metrics: bool = False,
         metrics_port: int | None = None,
+        tracing: bool = False,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ValueError("give exactly one of handler and batch_handler")
@@ -123,6 +124,14 @@ class Consumer:
             retry_backoff_ms=retry_backoff_ms,
             max_concurrency=max_concurrency,
         )
+        if tracing:  # OpenTelemetry (the optional extra): imported only when asked for
+            from . import tracing as otel
+
+            epoch = lambda: self.machine.member_epoch  # noqa: E731
+            if handler is not None:
+                handler = otel.wrap(handler, batch=False, epoch=epoch)
+            else:
+                batch_handler = otel.wrap(batch_handler, batch=True, epoch=epoch)  # type: ignore[arg-type]
         # Prometheus metrics (the optional extra): imported only when asked for.
         self.metrics: Any = None
         self.metrics_port = metrics_port

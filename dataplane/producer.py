@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from . import scripts
@@ -81,8 +81,15 @@ class Producer:
         routing_ttl_s: float = 30.0,
         transport: Transport | None = None,
         client: Any = None,
+        tracing: bool = False,
     ) -> None:
         self.stream = stream
+        # OpenTelemetry (optional extra): imported only when asked for.
+        self._trace_fields: Callable[[], dict[str, str]] | None = None
+        if tracing:
+            from .tracing import current_context_fields
+
+            self._trace_fields = current_context_fields
         self.key_field = key_field
         self.maxlen = maxlen or 0
         self.retry_timeout_s = retry_timeout_s
@@ -133,11 +140,17 @@ class Producer:
             self._loaded = True
         kf = self.key_field
         todo: list[tuple[int, str, list[Any]]] = []
+        extra: list[Any] = []
+        if self._trace_fields is not None:  # the caller's trace context, into every message
+            for f, v in self._trace_fields().items():
+                extra += (f, v)
         for i, (key, fields) in enumerate(items):
             flat: list[Any] = [kf, key]
             for f, v in fields.items():
                 if f != kf:
                     flat += (f, v)
+            if extra and "traceparent" not in fields:  # a context the caller set wins
+                flat += extra
             todo.append((i, key, flat))
         out: list[Sent | None] = [None] * len(todo)
         deadline = time.monotonic() + self.retry_timeout_s
