@@ -40,6 +40,7 @@ from typing import Any
 import psycopg
 from django.conf import settings
 from django.db import DatabaseError, connections
+from prometheus_client import Gauge
 
 from assignments import store
 from assignments.models import ShardAssignment
@@ -53,8 +54,21 @@ from members.models import Member as MemberRow
 
 log = logging.getLogger(__name__)
 
-# Seconds between two batched last-seen stamps of a process; L1 adds it to the session timeout.
-STAMP_PERIOD = float(getattr(settings, "RSC_STAMP_PERIOD_S", 0.1))
+# Seconds between two batched last-seen stamps of a process (RSC_STAMP_PERIOD_S), capped at
+# STAMP_PERIOD_MAX_S on every node. L1 allows STAMP_ALLOWANCE_S, derived from the cap and not
+# from the sweeper's own setting, so nodes with different settings cannot expire a member
+# whose stamp is still on its way: a stamp lands within one period, or two when a batch failed
+# once and is retried with the next (issue 23.4).
+STAMP_PERIOD_MAX_S = 0.25
+STAMP_ALLOWANCE_S = 2 * STAMP_PERIOD_MAX_S
+STAMP_PERIOD = min(float(getattr(settings, "RSC_STAMP_PERIOD_S", 0.1)), STAMP_PERIOD_MAX_S)
+
+STAMP_LAG = Gauge(
+    "rsc_stamp_lag_seconds",
+    "How late the last batch of last-seen stamps of a process reached the database (the age of"
+    " its oldest stamp); the highest of the live processes. L1 allows STAMP_ALLOWANCE_S (0.5 s).",
+    multiprocess_mode="livemax",
+)
 
 
 def _t(model: type) -> str:
@@ -156,6 +170,9 @@ UPDATE {_M} AS m
    AND (m.{_c(MemberRow, "last_heartbeat_at")} IS NULL OR m.{_c(MemberRow, "last_heartbeat_at")} < v.ts)
 """
 
+# One member's stamp written at once, with the same checks (a steady heartbeat whose report
+# may be new: R3 reads the last report from the row, on any host, with no batch in between).
+_STAMP_NOW_SQL = _STAMP_SQL + f" RETURNING m.{_c(MemberRow, 'id')}"
 
 _refreshed: ProcessCache[int, float] = PROCESS.own(
     "snapshot refresh times", ProcessCache(),
@@ -391,6 +408,7 @@ def _from_snapshot(group_pk: int, snap: store.Snapshot, req: HeartbeatRequest, n
     # statement path. So the stamp is queued only after the snapshot is back.
     state = snap.state
     keep = True
+    fresh = False  # computed here, not taken from the memo
     steady: _Steady | None = None
     try:
         # The same request on the same committed state gets the same answer: the core is a
@@ -430,6 +448,7 @@ def _from_snapshot(group_pk: int, snap: store.Snapshot, req: HeartbeatRequest, n
         member.last_reported_owned = reported  # the snapshot keeps what a full load reads
         steady = _Steady(SteadyAnswer(response, state.metadata_epoch), snap.loaded.member_pk[req.member_id],
                          member.member_epoch, report)
+        fresh = True
         if len(snap.steady) >= _MEMO_MAX:
             snap.steady.clear()
         snap.steady[key] = steady
@@ -439,7 +458,25 @@ def _from_snapshot(group_pk: int, snap: store.Snapshot, req: HeartbeatRequest, n
         if keep:
             store.return_snapshot(group_pk, snap)
         if steady is not None:
-            STAMPS.add(steady.member_pk, now, steady.report, steady.member_epoch)
+            if fresh and steady.report is not None:
+                # The first answer to this report on this committed state: the report may be
+                # new (it changes once per grant change, and every locked write empties the
+                # memo). It is written before the answer goes out, so a locked heartbeat on
+                # any host at the previous epoch with ownedShards omitted (R3) reads it; only
+                # last-seen waits for the batch (issue 23.4).
+                _stamp_now(steady, now)
+            else:
+                STAMPS.add(steady.member_pk, now, steady.report, steady.member_epoch)
+
+
+def _stamp_now(steady: _Steady, now: datetime) -> None:
+    rows = {steady.member_pk: (now, steady.report, steady.member_epoch)}
+    params = {"rows": _stamp_rows(rows), "ids": "{" + str(steady.member_pk) + "}",
+              "stable": MemberStatus.STABLE.value}
+    try:
+        _liveness_query(_STAMP_NOW_SQL, params)
+    except DatabaseError:  # logged; the batch writes it instead
+        STAMPS.add(steady.member_pk, now, steady.report, steady.member_epoch)
 
 
 def _by_statement(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
@@ -540,6 +577,9 @@ class _Stamps:
             log.warning("last-seen stamps not written, retrying with the next batch: %s", exc)
             conn.close()
             self._merge_back(rows)
+            return
+        oldest = min(ts for ts, _, _ in rows.values())
+        STAMP_LAG.set(max(0.0, time.time() - oldest.timestamp()))
 
     def _run(self) -> None:
         idle = 0

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from assignments.fastpath import STAMP_PERIOD
+from assignments.fastpath import STAMP_ALLOWANCE_S
 from assignments.store import load_state, lock_group
 from assignments.writer import save_state
 from coordination import engine
@@ -90,8 +90,9 @@ def sweep_liveness(now: datetime | None = None) -> SweepResult:
     if not intake.up_at(now):
         return result  # the core would expire and fence nobody: skip the locks
     # Steady heartbeats stamp last-seen in batches (assignments.fastpath): a stamp may reach
-    # the database up to one batch period late, so silence is counted that much later.
-    heard_by = now - timedelta(seconds=STAMP_PERIOD)
+    # the database up to STAMP_ALLOWANCE_S late on any node (derived from the cap every node's
+    # period obeys, not from this process's setting), so silence is counted that much later.
+    heard_by = now - timedelta(seconds=STAMP_ALLOWANCE_S)
     for name in groups_due_for_sweep(now, intake):
         expired = _in_locked_group(
             name, lambda s: engine.l1_expire_silent_members(s, heard_by, intake), now, "sweeper"

@@ -10,6 +10,7 @@ import redis
 from django.conf import settings
 from rest_framework.test import APIClient
 
+from assignments.fastpath import STAMP_ALLOWANCE_S
 from coordinator_project.celery import app as project_app
 from dataplane.routing import ShardKeys
 from groups.models import Event, Stream, SweepRun
@@ -59,7 +60,9 @@ def test_l1_beat_expires_a_silent_member_and_its_shards_move_within_session_time
 
     # a goes silent; b and c keep heartbeating at their interval.
     last_seen = MemberRow.objects.get(member_id="a").last_heartbeat_at
-    bound = timedelta(milliseconds=SESSION_MS) + timedelta(seconds=celery_beat_worker.tick)
+    # L1 counts silence from fastpath.STAMP_ALLOWANCE_S later (batched stamps may be on their way).
+    bound = (timedelta(milliseconds=SESSION_MS) + timedelta(seconds=celery_beat_worker.tick)
+             + timedelta(seconds=STAMP_ALLOWANCE_S))
     deadline = time.monotonic() + (bound.total_seconds() + 5)
     all_shards = {f"cel:1:{i}" for i in range(6)}
     while set(b.owned) | set(c.owned) != all_shards:

@@ -50,3 +50,19 @@ def test_fence_unknown_member_or_group_is_a_clear_error(hb: Hb):
         services.fence_member("g1", "zz")
     with pytest.raises(ServiceError, match="group 'nope' does not exist"):
         services.fence_member("nope", "a")
+
+
+def test_i23_4_l1_allows_any_nodes_stamp_lag_whatever_this_sweepers_own_setting(hb: Hb, settings):
+    """Steady heartbeats reach the database in batches, up to STAMP_ALLOWANCE_S late on any
+    node (every node's period is capped). The sweeper allows that much, not its own period."""
+    from assignments.fastpath import STAMP_ALLOWANCE_S, STAMP_PERIOD_MAX_S
+
+    settings.RSC_STAMP_PERIOD_S = 0  # this node batches nothing: its own period says nothing of others
+    assert STAMP_ALLOWANCE_S >= 2 * STAMP_PERIOD_MAX_S
+    hb({"memberId": "a", "memberEpoch": 0})
+    now = timezone.now()
+    # Silent for the session (30 s) and 0.3 s more: another node's stamp may still be on its way.
+    Member.objects.filter(member_id="a").update(last_heartbeat_at=now - timedelta(seconds=30.3))
+    assert services.sweep_liveness(now).count == 0
+    Member.objects.filter(member_id="a").update(last_heartbeat_at=now - timedelta(seconds=30 + STAMP_ALLOWANCE_S + 0.1))
+    assert services.sweep_liveness(now).expired == {"g1": ["a"]}

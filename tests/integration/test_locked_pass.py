@@ -523,3 +523,31 @@ def test_group_commit_a_database_outage_fails_the_batch_at_once(hb: Hb, monkeypa
     answers = _queue_behind_the_gate("g1", [HeartbeatRequest(member_id=m, member_epoch=0) for m in "bcd"])
     assert all(isinstance(answers[m], OperationalError) for m in "bcd"), answers
     assert len(passes) == 1, passes
+
+
+def test_i23_4_a_steady_heartbeats_new_report_is_in_the_database_before_its_answer(hb: Hb, monkeypatch):
+    """R3 across processes: a locked heartbeat on another host at the previous epoch with
+    ownedShards omitted reads the member's last report from its row. A steady answer given
+    from this process's snapshot with a report it had not seen on this state writes the report
+    before answering; only last-seen waits for the batch."""
+    a = beat("a", 0)
+    granted = a.assignment.assigned
+    assert len(granted) >= 2
+    fastpath.STAMPS.stop()  # no batch thread running now; the next one waits a minute
+    monkeypatch.setattr(fastpath, "STAMP_PERIOD", 60.0)
+    try:
+        for owned in ((), granted[:1], granted):
+            req = HeartbeatRequest(member_id="a", member_epoch=a.member_epoch, metadata_epoch=1,
+                                   owned_shards=tuple(owned))
+            result = heartbeat_service("g1", req, timezone.now())
+            assert result.path == "fast"
+            # What another host's locked pass would load (a fresh read of the row).
+            with transaction.atomic():
+                group = store.lock_group("g1")
+                state, _ = store.load_state(group, "a")
+            assert state.members["a"].last_reported_owned == tuple(owned)
+        # The same report again is a memo hit: only last-seen is batched.
+        heartbeat_service("g1", req, timezone.now())
+        assert len(fastpath.STAMPS._pending) == 1
+    finally:
+        fastpath.STAMPS.stop()  # the next batch thread starts with the usual period

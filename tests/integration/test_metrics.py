@@ -266,3 +266,18 @@ def test_counters_are_summed_over_gunicorn_workers(gunicorn_with_config: tuple[s
         assert value(samples, "rsc_heartbeat_latency_seconds_count") == sent
         assert sum(v for (n, labels), v in samples.items() if n == "rsc_group_members"
                    and dict(labels)["group"] == "g1") == sent
+
+
+def test_i23_4_the_stamp_lag_is_exported(db: None):
+    """How late batched last-seen stamps reach the database: the age of a batch's oldest stamp
+    when it was written (L1 allows STAMP_ALLOWANCE_S)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from assignments import fastpath
+
+    fastpath.STAMPS.add(-1, timezone.now() - timedelta(seconds=2), None, 1)  # no such row: nothing written
+    fastpath.STAMPS.flush()
+    lag = value(metrics(Client()), "rsc_stamp_lag_seconds")
+    assert 2.0 <= lag < 60
