@@ -36,6 +36,7 @@ _LAZY = {
     "AuthenticationError": "errors",
     "GroupNotFoundError": "errors",
     "RedisUnavailableError": "errors",
+    "RedisPermissionError": "errors",
     "InstanceIdReplaced": "errors",
     "BatchItemsFailed": "errors",
 }
@@ -54,6 +55,7 @@ __all__ = [
     "Membership",
     "Message",
     "Producer",
+    "RedisPermissionError",
     "RedisUnavailableError",
     "Runtime",
     "RuntimeConfig",
@@ -74,6 +76,7 @@ if TYPE_CHECKING:
         DataplaneError,
         GroupNotFoundError,
         InstanceIdReplaced,
+        RedisPermissionError,
         RedisUnavailableError,
     )
     from .membership import Grant, Membership

@@ -241,7 +241,9 @@ class Consumer:
     def run(self) -> None:
         """Join, consume until SIGINT/SIGTERM or stop(), then leave (memberEpoch -1; -2 with an
         instance id, so its shards wait for its restart). Raises :class:`InstanceIdReplaced`
-        when another process joined with this instance id (its shards already aborted)."""
+        when another process joined with this instance id (its shards already aborted), and
+        :class:`RedisPermissionError` after leaving at once when Redis refused the member a
+        command it needs (an ACL): it neither heartbeats on holding shards it cannot serve."""
         restore = self._install_signals()
         try:
             if self.metrics is not None and self.metrics_port is not None:
@@ -250,6 +252,8 @@ class Consumer:
                 self.metrics_port = port
             self.runtime.start()
             self._loop()
+            if self.runtime.fatal is not None:
+                raise self.runtime.fatal
             replaced = self.machine.replaced
             if replaced is not None:  # set only for a member with an instance id
                 iid = self.machine.instance_id or ""
@@ -322,10 +326,16 @@ class Consumer:
         refused_since: float | None = None  # the first of the 401/403/404 in a row
         while True:
             now = _now_ms()
+            stopped_by = rt.fatal  # e.g. RedisPermissionError: no retry heals it
+            if stopped_by is not None and leave_deadline is None:
+                log.error("member %s stops: %s", self.member_id, stopped_by)
+                self._stop.set()
             if self._stop.is_set() and leave_deadline is None:
                 log.info("member %s leaving group %s", self.member_id, self.group)
                 timeout = self._stop_timeout
                 timeout = self.shutdown_timeout_s if timeout is None else timeout
+                if stopped_by is not None:  # nothing more can be ACKed: nothing to wait for
+                    timeout = 0.0
                 leave_deadline = time.monotonic() + timeout
                 self._apply(m.leave())
             if leave_deadline is not None and time.monotonic() > leave_deadline:

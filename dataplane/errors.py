@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from redis.exceptions import NoPermissionError
+
 from .protocol import ErrorCode
 
 
@@ -36,6 +38,19 @@ class GroupNotFoundError(ConfigurationError):
 
 class RedisUnavailableError(ConfigurationError):
     """Redis could not be reached when the consumer started."""
+
+
+class RedisPermissionError(ConfigurationError):
+    """The Redis user may not run a command the member needs (ACL ``NOPERM``, issue 27.6): it
+    could neither read, ACK nor dead-letter, so ``Consumer.run()`` leaves and raises this
+    instead of heartbeating on while holding shards it cannot serve. Fatal whenever it comes:
+    an ACL does not heal by retrying."""
+
+    def __init__(self, what: str, exc: BaseException) -> None:
+        self.what = what
+        super().__init__(
+            f"the Redis user may not {what}: {exc} (grant the member role of docs/SECURITY.md)"
+        )
 
 
 class InstanceIdReplaced(ConfigurationError):
@@ -67,6 +82,14 @@ class BatchItemsFailed(Exception):
         super().__init__(f"{len(self.failed)} messages of the batch failed")
 
 
+def is_noperm(exc: BaseException) -> bool:
+    """A Redis ACL refusal (``NOPERM``), also when it comes wrapped (EXECABORT, a script)."""
+    if isinstance(exc, NoPermissionError | RedisPermissionError):
+        return True
+    text = str(exc)  # redis-py drops the NOPERM code of an error it wraps (EXECABORT)
+    return "NOPERM" in text or "no permissions to" in text
+
+
 def heartbeat_refusal(
     group: str, http_status: int, body: dict[str, Any]
 ) -> ConfigurationError | None:
@@ -88,6 +111,8 @@ __all__ = [
     "DataplaneError",
     "GroupNotFoundError",
     "InstanceIdReplaced",
+    "RedisPermissionError",
     "RedisUnavailableError",
     "heartbeat_refusal",
+    "is_noperm",
 ]

@@ -13,6 +13,7 @@ members with tokens nobody here issued).
 """
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -24,11 +25,14 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 
 from coordinator_project.process_state import PROCESS
+from dataplane.errors import is_noperm
 from dataplane.routing import ShardKeys
 from groups.errors import ServiceError
 from groups.models import Installation
 
 PREFIX_BASE = "rsc"
+
+log = logging.getLogger(__name__)
 
 
 class ForeignKeysFound(ServiceError):
@@ -142,8 +146,9 @@ def check_new_shards(
                 pipe.exists(key)
             found.extend(k for k, n in zip(chunk, pipe.execute(), strict=True) if n)
     if found:
-        more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+        log.warning("refused: Redis already holds keys this database did not write: %s", " ".join(found))
         if group_names and stream is not None:
+            more = f" and {len(found) - 1} more" if len(found) > 1 else ""
             # Issue 24.5: a group deleted without --purge-redis leaves its fence tokens; the
             # name is usable again once they are gone, and the refusal says how.
             raise ForeignKeysFound(
@@ -153,11 +158,84 @@ def check_new_shards(
                 f" {prefix!r}). If it was this installation's, clear them with: manage.py delete_group"
                 f" {group_names[0]} --stream {stream} --purge-redis"
             )
-        raise ForeignKeysFound(
-            f"Redis already holds {found[0]}{more}, which this database did not write (another "
-            f"installation, or a deleted stream or group, used key prefix {prefix!r}). Delete "
-            "those keys, or use another key prefix"
+        raise ForeignKeysFound(foreign_keys_message(prefix, found))
+
+
+SHOWN_KEYS = 20
+
+
+def foreign_keys_message(prefix: str, found: list[str]) -> str:
+    """What to tell the operator: every key to delete (up to SHOWN_KEYS, then how to list the
+    rest), the command, and who could have written them (issue 27.6: a stray key must not
+    block a reshard without the operator knowing exactly what to remove)."""
+    shown = found[:SHOWN_KEYS]
+    head = ", ".join(shown)
+    if len(found) > SHOWN_KEYS:
+        # Every key checked carries one shard id as its hash tag: name that shard version.
+        shard = shown[0].split("{", 1)[1].split("}", 1)[0]
+        version = shard.rsplit(":", 1)[0]
+        head += (
+            f" and {len(found) - SHOWN_KEYS} more (all are listed in the coordinator's log; "
+            f"`redis-cli --scan --pattern '{prefix}:{{{version}:*'` lists that version's keys)"
         )
+    quoted = " ".join(f"'{k}'" for k in shown)
+    return (
+        f"Redis already holds {head}, which this database did not write: another installation, "
+        f"a deleted stream or group, or a client that may write this stream's keys (a producer "
+        f"role can XADD into a stream key of a version not made yet) used key prefix {prefix!r}. "
+        f"Nothing was changed. Look at them (a stream may hold messages), delete them "
+        f"(redis-cli DEL {quoted}) and retry, or use another key prefix"
+    )
+
+
+class ConsumerGroupsRefused(ServiceError):
+    """The coordinator's Redis user may not create consumer groups (no ``xgroup|create``)."""
+
+
+def create_consumer_groups(
+    prefix: str,
+    starts: Iterable[tuple[str, str]],
+    groups: Iterable[str],
+    client: redis.Redis | None = None,
+    *,
+    required: bool = False,
+) -> int:
+    """``XGROUP CREATE <stream> <group> <start> MKSTREAM`` of every group on every shard
+    (``starts``: shard id -> start id), so that members need no ``xgroup|create`` (issue 27.6):
+    a member could otherwise create a group that does not exist yet at ``$`` (skipping what
+    the group's start position promises) or a next version's stream key. An existing consumer
+    group is kept as it is (BUSYGROUP). Pipelined, 1,000 commands a round trip. Returns how
+    many were created.
+
+    Redis errors propagate (the callers roll back or retry), except the user's refusal:
+    ``required`` raises :class:`ConsumerGroupsRefused`; otherwise it is logged and 0 returned,
+    and members create their groups themselves as before, where their role allows (an older
+    setup whose coordinator user lacks ``xgroup|create``).
+    """
+    client = client or stream_redis()
+    names = list(groups)
+    commands = [(ShardKeys(sid, prefix).stream, g, start) for sid, start in starts for g in names]
+    created = 0
+    for first in range(0, len(commands), 1000):
+        pipe = client.pipeline(transaction=False)
+        for stream, group, start in commands[first:first + 1000]:
+            pipe.xgroup_create(stream, group, id=start, mkstream=True)
+        for res in pipe.execute(raise_on_error=False):
+            if not isinstance(res, Exception):
+                created += 1
+            elif is_noperm(res):
+                if required:
+                    raise ConsumerGroupsRefused(
+                        f"the coordinator's Redis user (STREAM_REDIS_URL) may not create consumer "
+                        f"groups: {res}. Give it +xgroup|create on the stream keys "
+                        "(docs/redis-acl.example.acl)"
+                    )
+                log.warning("cannot create consumer groups %s under %s: %s; members create their "
+                            "own where their Redis role allows (docs/SECURITY.md)", names, prefix, res)
+                return created
+            elif "BUSYGROUP" not in str(res):
+                raise res
+    return created
 
 
 @contextmanager

@@ -35,7 +35,7 @@ from coordinator_project.process_state import PROCESS
 from dataplane.routing import ShardKeys, parent_indexes, shard_id
 from groups.errors import ServiceError
 from groups.models import Event, Group, Shard, ShardVersion, Stream, StreamState, VersionState
-from groups.namespace import check_new_shards, claim_prefix
+from groups.namespace import check_new_shards, claim_prefix, create_consumer_groups
 from groups.services import _check_int, shard_cap
 
 log = logging.getLogger(__name__)
@@ -156,6 +156,15 @@ def _seal(row: Stream, now: datetime) -> dict[str, Any]:
                              "sealedAt": now.isoformat()})
         shard_ids = Shard.objects.filter(version=v).order_by("index").values_list("shard_id", flat=True)
         keys.extend((ShardKeys(s, row.key_prefix).sealed, marker) for s in shard_ids)
+    # The new version's consumer groups, at 0, before any of its shards can be granted (a child
+    # is granted once its parents drained, which needs the markers): members need no
+    # xgroup|create (issue 27.6). Idempotent (BUSYGROUP keeps a group), retried with the markers.
+    new_shards = Shard.objects.filter(version__stream=row, version__version=row.write_version)
+    create_consumer_groups(
+        row.key_prefix,
+        [(s, "0") for s in new_shards.values_list("shard_id", flat=True)],
+        Group.objects.filter(stream=row).order_by("name").values_list("name", flat=True),
+    )
     _write_seal_markers(keys)  # raises: the transaction rolls back, state stays SEALING
     ShardVersion.objects.filter(pk__in=[v.pk for v in versions]).update(state=VersionState.SEALED, sealed_at=now)
     _set_stream_state(row, StreamState.DRAINING, now)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import redis
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
@@ -37,7 +38,7 @@ from groups.models import (
     Stream,
     VersionState,
 )
-from groups.namespace import check_new_shards, claim_prefix, default_key_prefix
+from groups.namespace import check_new_shards, claim_prefix, create_consumer_groups, default_key_prefix
 
 # Full matches only (\A…\Z, fullmatch): `$` would also accept a trailing newline.
 STREAM_NAME_RE = re.compile(r"\A[A-Za-z0-9._-]{1,200}\Z")  # no ':' — shard ids are stream:v:i
@@ -150,9 +151,36 @@ def create_group(
                 max_members=max_members,
                 start_position=start_position,
             )
+            # Last, so that a refusal rolls the rows back (a retry keeps what was made).
+            ensure_consumer_groups(group)
     except IntegrityError as exc:
         raise ServiceError(f"group {name!r} already exists") from exc
     return group
+
+
+def consumer_group_start(parents: list[str], start_position: str) -> str:
+    """Where a group's consumer group starts on a shard: ``$`` on a first-version shard of a
+    group that starts at the latest entry, else ``0`` (the member's ``grant_from_metadata``
+    used the same rule when it created them itself)."""
+    return "$" if not parents and start_position == StartPosition.LATEST else "0"
+
+
+def ensure_consumer_groups(group: Group, *, required: bool = False) -> int:
+    """Create the group's missing consumer groups on every live shard (issue 27.6); an
+    existing one is kept. Returns how many were created. See namespace.create_consumer_groups
+    for a Redis user that may not (``required``: refuse, else log and go on)."""
+    shards = Shard.objects.filter(version__stream_id=group.stream_id).exclude(
+        version__state=VersionState.RETIRED
+    ).values_list("shard_id", "parents")
+    starts = [(sid, consumer_group_start(parents, group.start_position)) for sid, parents in shards]
+    prefix = Stream.objects.values_list("key_prefix", flat=True).get(pk=group.stream_id)
+    try:
+        return create_consumer_groups(prefix, starts, [group.name], required=required)
+    except redis.RedisError as exc:
+        raise ServiceError(
+            f"cannot create the consumer groups of {group.name!r} in the stream Redis "
+            f"(STREAM_REDIS_URL): {exc}"
+        ) from exc
 
 
 # --- API keys ------------------------------------------------------------------------------

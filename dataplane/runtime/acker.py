@@ -19,6 +19,7 @@ from redis.exceptions import ResponseError
 from .. import scripts
 from ..backoff import Backoff, retry_call
 from ..connections import NET_ERRORS
+from ..errors import RedisPermissionError, is_noperm
 from .shard_table import FINAL, ShardState, ShardTable
 from .wire import HeldConnection
 
@@ -124,6 +125,8 @@ class Acker:
                     retry.append((st, ids))
                 elif isinstance(res, Exception):
                     log.error("ACK of %d entries on %s failed: %r", len(ids), st.shard, res)
+                    if is_noperm(res):  # an ACL does not heal: the driver stops (issue 27.6)
+                        self.table.fail(RedisPermissionError("ACK messages", res))
                 elif res == -1:
                     log.warning("ACK refused on %s: fence token moved past %s", st.shard, st.token)
                     self.table.mark_lost(st)

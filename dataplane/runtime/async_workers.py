@@ -102,8 +102,8 @@ class AsyncWorkers(LaneWorkers):
             for batch in batches:
                 try:
                     finished = await self._run(batch)
-                except Exception:
-                    log.exception("async worker failed on a batch of %s", batch.shard.shard)
+                except Exception as exc:
+                    self.failed_batch(batch, exc)
                     finished = Finished(batch.shard, settled=len(batch.messages))
                 self._done.append(finished)
                 if not self._hand_over_soon:

@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import scripts
 from ..connections import NET_ERRORS, redis_client
-from ..errors import RedisUnavailableError
+from ..errors import RedisPermissionError, RedisUnavailableError, is_noperm
 from ..membership import Grant
 from ..message import Message
 from ..routing import DEFAULT_KEY_PREFIX, ShardKeys
@@ -112,6 +112,12 @@ class Runtime:
         return self.reader.redis_ok
 
     @property
+    def fatal(self) -> BaseException | None:
+        """The first error no retry heals (:class:`RedisPermissionError`), or None: the
+        Consumer leaves and raises it."""
+        return self.table.fatal
+
+    @property
     def ack_mode(self) -> str:
         return self.fenced.ack_mode
 
@@ -140,6 +146,10 @@ class Runtime:
                 s.ensure_loaded(self.client)
         except NET_ERRORS as exc:
             raise RedisUnavailableError(f"Redis is unreachable: {exc}") from exc
+        except Exception as exc:
+            if is_noperm(exc):
+                raise RedisPermissionError("load the library's scripts", exc) from exc
+            raise
         self._started = True
         self.workers.start()
         self.acker.start()
@@ -238,4 +248,9 @@ class Runtime:
         st = self.table.get(msg.shard)
         prefix = st.grant.key_prefix if st else DEFAULT_KEY_PREFIX
         key = ShardKeys(msg.shard, prefix).idem(self.group, marker)
-        return bool(self.client.set(key, "1", nx=True, px=ttl_ms))
+        try:
+            return bool(self.client.set(key, "1", nx=True, px=ttl_ms))
+        except Exception as exc:
+            if is_noperm(exc):
+                self.table.fail(RedisPermissionError("set idempotency markers", exc))
+            raise

@@ -8,13 +8,17 @@ whose token moved is refused and marked lost; nothing enters our PEL. Only when 
 back empty does the reader wait, with a plain ``XREAD BLOCK`` after each stream's last entry:
 it returns when something new arrives and delivers nothing to any PEL, so a member that stalls
 inside the wait cannot take entries of a shard it lost meanwhile. Control changes interrupt
-the wait with ``CLIENT UNBLOCK``.
+the wait by shutting the waiting connection's socket down from this process (the wait
+delivers to no PEL, so nothing is lost; the reader reconnects at once). Not ``CLIENT
+UNBLOCK``: a member role allowed that could unblock any client of the server, other groups'
+readers included (issue 27.6).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import threading
 import time
 from collections import defaultdict
@@ -25,6 +29,7 @@ from redis.exceptions import ResponseError
 from .. import scripts
 from ..backoff import Backoff
 from ..connections import NET_ERRORS
+from ..errors import RedisPermissionError, is_noperm
 from .config import RuntimeConfig
 from .fenced_read import FencedReader
 from .recovery import Recovery
@@ -64,7 +69,11 @@ class Reader:
         # The reader's own connection (standalone): reads and waits.
         self.conn = HeldConnection(read_client, on_connect=self._on_connect)
         self.fenced: FencedReader | None = None  # fenced reads on that connection
-        self.conn_id: int | None = None  # its CLIENT ID, for CLIENT UNBLOCK
+        # The wait's socket while the reader waits on it (under _wait_lock): wake_up shuts it
+        # down; _interrupted tells the reader that the error that follows is ours.
+        self._wait_lock = threading.Lock()
+        self._waiting_sock: socket.socket | None = None
+        self._interrupted = False
         # The session lease (time.monotonic() seconds), kept by the Consumer: see
         # Runtime.read_deadline. inf: no lease (direct use).
         self.read_deadline = float("inf")
@@ -76,10 +85,12 @@ class Reader:
     def wake_up(self) -> None:
         """Interrupt a blocking wait so control changes apply at once."""
         self.wake.set()
-        conn_id = self.conn_id
-        if conn_id is not None and not self.cluster:
-            with contextlib.suppress(Exception):
-                self.client.execute_command("CLIENT UNBLOCK", conn_id)
+        with self._wait_lock:
+            sock, self._waiting_sock = self._waiting_sock, None
+            if sock is not None:
+                self._interrupted = True
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
     def _loop(self) -> None:
         backoff = Backoff(0.05, 2.0, jitter=False)
@@ -105,8 +116,13 @@ class Reader:
                 log.warning("redis error in reader (retrying): %r", exc)
                 self._drop_connection()
                 backoff.wait(self.stopping)
-            except Exception:
-                log.exception("unexpected error in reader")
+            except Exception as exc:
+                if is_noperm(exc):  # an ACL does not heal: the driver stops (issue 27.6)
+                    log.error("Redis refused the reader: %s", exc)
+                    self.table.fail(exc if isinstance(exc, RedisPermissionError)
+                                    else RedisPermissionError("read or set up its shards", exc))
+                else:
+                    log.exception("unexpected error in reader")
                 self.stopping.wait(0.5)
 
     def _apply_control(self) -> None:
@@ -134,18 +150,36 @@ class Reader:
         self.wake.clear()
         waits = self._fenced_read(active)
         if waits and not urgent:
-            # Delivers to no PEL: it only tells us when to read again.
-            block = ("BLOCK", self.cfg.block_ms, "STREAMS", *waits, *waits.values())
+            self._wait(conn, waits)
+
+    def _wait(self, conn: Any, waits: dict[str, str]) -> None:
+        """Wait for new entries; delivers to no PEL: it only tells us when to read again."""
+        block = ("BLOCK", self.cfg.block_ms, "STREAMS", *waits, *waits.values())
+        with self._wait_lock:
+            if self.wake.is_set():
+                return  # a wake_up came in meanwhile: read again instead
+            self._waiting_sock = getattr(conn, "_sock", None)
+        try:
             conn.send_command("XREAD", "COUNT", 1, *block)
             conn.read_response()
+        except NET_ERRORS:
+            with self._wait_lock:
+                interrupted, self._interrupted = self._interrupted, False
+            if not interrupted:
+                raise
+            self._drop_connection()  # shut down by wake_up: a new connection next turn
+        finally:
+            with self._wait_lock:
+                self._waiting_sock = None
+                if self._interrupted:  # shut down after the reply came: unusable as well
+                    self._interrupted = False
+                    self._drop_connection()
 
     def _on_connect(self, conn: Any) -> None:
-        conn.send_command("CLIENT", "ID")
-        self.conn_id = int(conn.read_response())
         self.fenced = FencedReader(conn, self.group, self.consumer, self.cfg.batch_size)
 
     def _drop_connection(self) -> None:
-        self.conn_id, self.fenced = None, None
+        self.fenced = None
         self.conn.drop()
 
     def close(self) -> None:

@@ -1,9 +1,13 @@
 """Starting a shard and recovering what is pending on it; drain detection; the orphan sweep.
 
 Start: the fence token is raised to ``grantEpoch:memberId`` (refused when a newer grant
-holds it: the shard is lost), then the group is created. Recovery, one page per loop turn
-and shard so that other shards keep flowing: others' pending entries are first claimed to us
-(JUSTID, fenced, no delivery bump), then our whole PEL is read from the last dispatched ID:
+holds it: the shard is lost), then the consumer group is looked up and created only where it
+is missing: the coordinator creates it when it creates a group or a shard version (issue
+27.6), so the member role needs no ``xgroup|create``; with an older coordinator, or a group
+made before that, the member creates it as it always did, if its role allows. Recovery, one
+page per loop turn and shard so that other shards keep flowing: others' pending entries are
+first claimed to us (JUSTID, fenced, no delivery bump), then our whole PEL is read from the
+last dispatched ID:
 one sequence in ID order, own and others' entries together.
 """
 
@@ -16,6 +20,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .. import scripts
+from ..errors import RedisPermissionError, is_noperm
 from ..membership import Grant
 from .config import RuntimeConfig
 from .shard_table import RecoveryPhase, ShardState, ShardStatus, ShardTable, StartShard
@@ -66,13 +71,43 @@ class Recovery:
             )
             self.table.mark_lost(st)
             return
-        try:
-            self.client.xgroup_create(st.stream, self.group, id=grant.start_id, mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        self._ensure_group(st.stream, grant.start_id)
         self.table.advance(st, ShardStatus.STARTING, ShardStatus.RECOVERING)
         log.info("shard %s granted at epoch %s", grant.shard, grant.grant_epoch)
+
+    def _has_group(self, stream: str) -> bool | None:
+        """Whether ``stream`` has our consumer group; None when the role may not ask."""
+        try:
+            groups = self.client.xinfo_groups(stream)
+        except ResponseError as exc:
+            if is_noperm(exc):
+                return None
+            if "no such key" in str(exc).lower():
+                return False
+            raise
+        for g in groups:
+            name = g.get("name") if isinstance(g, dict) else None
+            if (name.decode() if isinstance(name, bytes) else name) == self.group:
+                return True
+        return False
+
+    def _ensure_group(self, stream: str, start_id: str) -> None:
+        if self._has_group(stream):
+            return
+        try:
+            self.client.xgroup_create(stream, self.group, id=start_id, mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" in str(exc):
+                return
+            if is_noperm(exc):
+                raise RedisPermissionError(
+                    f"create the missing consumer group {self.group!r} on {stream} (the "
+                    "coordinator creates consumer groups with each group and shard version; for "
+                    f"a group made before it did, run `manage.py ensure_consumer_groups --group "
+                    f"{self.group}`)",
+                    exc,
+                ) from exc
+            raise
 
     def step(self) -> None:
         """One page of recovery per recovering shard."""

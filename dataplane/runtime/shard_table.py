@@ -116,6 +116,7 @@ class ShardTable:
         self._queued: dict[str, int] = defaultdict(int)  # control ops not yet applied
         self._drained: set[str] = set()
         self._lost: set[str] = set()
+        self.fatal: BaseException | None = None  # first error no retry can heal (fail())
 
     # ---- control ops (the seam queues them, the reader applies them) -------------------------
 
@@ -194,6 +195,13 @@ class ShardTable:
                 if st.status == ShardStatus.ACTIVE:
                     st.status, st.phase = ShardStatus.RECOVERING, RecoveryPhase.OWN
             self._reading_now = frozenset()
+
+    def fail(self, exc: BaseException) -> None:
+        """Record an error no retry heals (a Redis ACL refusal): the driver stops on it."""
+        with self.lock:
+            if self.fatal is None:
+                self.fatal = exc
+        self.changed.set()
 
     def mark_lost(self, st: ShardState) -> None:
         with self.lock:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from queue import SimpleQueue
 from typing import Any, Protocol
 
-from ..errors import BatchItemsFailed
+from ..errors import BatchItemsFailed, RedisPermissionError, is_noperm
 from ..message import REPLAY_FOR, Message
 from .acker import Acker, Fenced, Finished
 from .retry import Outcome, Retry, Tally
@@ -143,6 +143,14 @@ class LaneWorkers:
         self.stopping = stopping
         self.ack_before = ack_before
 
+    def failed_batch(self, batch: Batch, exc: Exception) -> None:
+        """A batch's ACK or DLQ move raised: an ACL refusal stops the member (issue 27.6)."""
+        if is_noperm(exc):
+            log.error("Redis refused a worker on %s: %s", batch.shard.shard, exc)
+            self.fenced.table.fail(RedisPermissionError("ACK or dead-letter messages", exc))
+        else:
+            log.exception("worker failed on a batch of %s", batch.shard.shard)
+
 
 class ThreadWorkers(LaneWorkers):
     """A sync handler on ``lanes`` threads, each owning a queue."""
@@ -181,8 +189,8 @@ class ThreadWorkers(LaneWorkers):
             for batch in batches:
                 try:
                     finished = self._run(batch)
-                except Exception:
-                    log.exception("worker failed on a batch of %s", batch.shard.shard)
+                except Exception as exc:
+                    self.failed_batch(batch, exc)
                     finished = Finished(batch.shard, settled=len(batch.messages))
                 # At once, not after the lane's other batches: a slow handler on another
                 # shard must not hold back this shard's ACKs (and its revocation).

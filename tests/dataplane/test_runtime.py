@@ -567,3 +567,22 @@ def test_s11_paused_runtime_finishes_in_flight_then_reads_and_recovers_nothing(
     wait_until(lambda: len(got) == 7, what="everything read after the resume")
     assert [g for g in got if g.startswith(shard)] == [f"{shard}/{n}" for n in range(6)]
     assert f"{second}/7" in got
+
+
+def test_i27_6_a_grant_interrupts_the_blocking_wait_without_client_unblock(
+    r, prefix, start_runtime
+) -> None:
+    """The reader waits in XREAD BLOCK (10 s here); a control change shuts that socket down
+    from this process (no CLIENT UNBLOCK, which a member role must not have): the new shard's
+    entries are handled long before the block would have ended."""
+    got: list[Message] = []
+    rt = start_runtime(got.append, workers=1, block_ms=10_000)
+    rt.grant(make_grant(prefix, "s:1:0"))
+    wait_until(lambda: rt.reader._waiting_sock is not None, what="the reader blocked in its wait")
+    r.xadd(ShardKeys("s:1:1", prefix).stream, {"key": "k", "n": "1"})
+    started = time.monotonic()
+    rt.grant(make_grant(prefix, "s:1:1"))
+    wait_until(lambda: len(got) == 1, timeout=5.0, what="the new shard's entry handled")
+    assert time.monotonic() - started < 5.0
+    assert got[0].shard == "s:1:1"
+    wait_until(lambda: rt.reader._waiting_sock is not None, what="waiting again, new connection")

@@ -112,10 +112,13 @@ def test_ns_leftover_seal_markers_and_fence_tokens_are_refused(stream_redis: red
     stream_redis.set(ShardKeys("ns-left:1:1", prefix).sealed, "{}")
     with pytest.raises(ServiceError) as refused:
         create_stream("ns-left", 2)
+    sealed = ShardKeys('ns-left:1:1', prefix).sealed
     assert str(refused.value) == (
-        f"Redis already holds {ShardKeys('ns-left:1:1', prefix).sealed}, which this database did not write "
-        f"(another installation, or a deleted stream or group, used key prefix {prefix!r}). Delete "
-        "those keys, or use another key prefix"
+        f"Redis already holds {sealed}, which this database did not write: another installation, a "
+        "deleted stream or group, or a client that may write this stream's keys (a producer role can "
+        f"XADD into a stream key of a version not made yet) used key prefix {prefix!r}. Nothing was "
+        f"changed. Look at them (a stream may hold messages), delete them (redis-cli DEL '{sealed}') "
+        "and retry, or use another key prefix"
     )
     assert not Stream.objects.filter(name="ns-left").exists()
 
@@ -129,3 +132,34 @@ def test_ns_leftover_seal_markers_and_fence_tokens_are_refused(stream_redis: red
     with pytest.raises(ServiceError, match=r"already holds .*:\{ns-ok:2:0\}, which this database did not write"):
         start_reshard("ns-ok", 3)
     assert Stream.objects.get(name="ns-ok").write_version == 1
+
+
+def test_i27_6_a_stray_next_version_key_names_every_key_to_delete_and_the_reshard_works_after(
+    stream_redis: redis.Redis,
+):
+    """A producer role may XADD into a stream key of a version not made yet; the reshard is
+    refused with every such key and the command that deletes them, and works once they are gone."""
+    prefix = default_key_prefix()
+    create_stream("ns-stray", 2)
+    strays = [ShardKeys("ns-stray:2:1", prefix).stream, ShardKeys("ns-stray:2:2", prefix).sealed]
+    stream_redis.xadd(strays[0], {"key": "k", "forged": "1"})
+    stream_redis.set(strays[1], "{}")
+    with pytest.raises(ServiceError) as refused:
+        start_reshard("ns-stray", 3)
+    message = str(refused.value)
+    assert f"Redis already holds {strays[0]}, {strays[1]}, which this database did not write" in message
+    assert f"redis-cli DEL '{strays[0]}' '{strays[1]}'" in message
+    assert "a producer role can XADD" in message
+    assert Stream.objects.get(name="ns-stray").write_version == 1
+    stream_redis.delete(*strays)
+    assert start_reshard("ns-stray", 3).version == 2
+
+    create_stream("ns-many", 1)
+    many = [ShardKeys(f"ns-many:2:{i}", prefix).stream for i in range(25)]
+    for key in many:
+        stream_redis.xadd(key, {"x": "1"})
+    with pytest.raises(ServiceError) as refused:
+        start_reshard("ns-many", 25)
+    message = str(refused.value)
+    assert ", ".join(many[:20]) + " and 5 more" in message
+    assert f"redis-cli --scan --pattern '{prefix}:{{ns-many:2:*'" in message

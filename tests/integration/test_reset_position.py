@@ -60,6 +60,7 @@ def _entries(fx: GroupFixture) -> tuple[redis.Redis, str, str]:
         r.xadd(k0, {"key": f"a{i}", "n": str(i)}, id=f"{1000 + i}-0")
     for i in range(5):
         r.xadd(k1, {"key": f"b{i}", "n": str(i)}, id=f"{1000 + i}-0")
+    fx.drop_consumer_groups(r)  # positions below are set as a member would have
     return r, k0, k1
 
 
