@@ -168,6 +168,7 @@ def _backlog(stream: str, group: str) -> None:
         keys = ShardKeys(f"{stream}:1:{i}", prefix)
         for n in range(3 + 40 * i):
             r.xadd(keys.stream, {"key": f"k{n}", "n": str(n)})
+        r.xgroup_destroy(keys.stream, group)  # made by the coordinator; as if nobody read yet
     k0 = ShardKeys(f"{stream}:1:0", prefix)
     r.xgroup_create(k0.stream, group, id="0")
     r.xreadgroup(group, "c", {k0.stream: ">"}, count=2)
