@@ -10,8 +10,10 @@ import time
 from urllib.parse import urlparse
 
 import pytest
+from django.utils import timezone
 
 from groups.models import Event
+from members.models import Member
 from tests.integration.conftest import running_gunicorn
 
 from .conftest import Ledger, World, wait_for
@@ -59,10 +61,16 @@ def test_i27_11_no_member_rejoins_after_a_coordinator_outage_longer_than_the_ses
     assert time.monotonic() - stopped_at >= SESSION_MS / 1000
 
     with running_gunicorn(port=port, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus-2")):
-        # Before any sweep: each member's first answer decides (resumed, or rejoined).
+        restarted_at = timezone.now()
+        # Before any sweep: each member's first answer decides (resumed, or rejoined), and
+        # the sweeps start only once every member's heartbeat since the restart is recorded
+        # (this test is about the member; the coordinator's own L1 grace is not its subject).
         wait_for(lambda: all(("resuming its assignment" in world.members[m].log_text()
                               or "rejoined" in world.members[m].log_text()) for m in members),
                  30, "every member answered after the restart", diag=world.diag)
+        wait_for(lambda: Member.objects.filter(group__name=world.group, member_id__in=members,
+                                               last_heartbeat_at__gte=restarted_at).count() == len(members),
+                 30, "every member's heartbeat since the restart recorded", diag=world.diag)
         world.wait(lambda: world.stable_with(members), 30, "2 members STABLE after the outage")
         ledger.send(producer, ledger.items(keys, 200, start=200))
         world.wait(lambda: handled(400), 30, "phase 2 handled")
