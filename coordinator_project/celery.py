@@ -61,8 +61,8 @@ def installation_namespace() -> str:
         return namespace_for(installation_id())
     except Exception as exc:
         line = database_problem(exc)
-        if line is None:
-            raise
+        if line is None or not _run_by_celery():
+            raise  # in a web worker (which publishes tasks) the caller handles it, as before
         print(f"celery: error: {line}", file=sys.stderr, flush=True)
         os._exit(EXIT_UNAVAILABLE)  # a SystemExit here would be printed as a traceback
 

@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import gc
 import glob
+import importlib.util
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 # Issue 24.3: a missing SECRET_KEY or an unknown DATABASE_URL scheme stops the master with one
 # line, before any worker forks (each worker printed a 128-line traceback, forever).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from coordinator_project.preflight import exit_on_environment_problem
-
-exit_on_environment_problem("gunicorn")
+# preflight.py is loaded by its path, not as coordinator_project.preflight: importing the
+# package would load the Celery app (and ssl, redis, kombu) in the master, before the gevent
+# worker monkey-patches, and those modules would then block the worker instead of yielding.
+_spec = importlib.util.spec_from_file_location("rsc_preflight", Path(__file__).with_name("preflight.py"))
+if _spec is None or _spec.loader is None:
+    raise ImportError("coordinator_project/preflight.py is missing beside gunicorn.conf.py")
+_preflight = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_preflight)
+_preflight.exit_on_environment_problem("gunicorn")
 
 # 2 workers on 2 cores: 3 or 4 gevent workers measured lower (bench/RESULTS.md, the freshness
 # read study of 2026-12-03); override with WEB_CONCURRENCY / -w.
