@@ -11,6 +11,7 @@ import gc
 import glob
 import importlib.util
 import os
+import resource
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,13 @@ bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # gevent too; sqlite3 waits for its lock without yielding, so a transaction that does network
 # I/O (a seal step started from the admin writes Redis) can hold up the worker's other
 # requests up to SQLite's busy timeout. PostgreSQL (psycopg) waits cooperatively.
-worker_class = os.environ.get("WORKER_CLASS", "gevent")
-worker_connections = int(os.environ.get("WORKER_CONNECTIONS", "1000"))  # per worker
+# Issue 27.1: the gevent worker with connection shedding, a per-address cap and JSON refusals
+# (webserver/worker.py). WORKER_CLASS=gevent is the stock one.
+worker_class = os.environ.get("WORKER_CLASS", "webserver.worker.GuardedGeventWorker")
+# Slots per worker. Every member keeps one connection: 2 workers x 3,500 carry the ~6,000
+# members a node is sized for (docs/OPERATING.md) with room for probes, producers and the
+# admin. Each slot is a file descriptor: the worker raises its soft limit below (LimitNOFILE).
+worker_connections = int(os.environ.get("WORKER_CONNECTIONS", "3500"))
 # Under gevent, each request's line and headers must arrive within `keepalive` seconds or the
 # connection is closed (gunicorn's AsyncWorker reads them under gevent.Timeout(keepalive)):
 # the read timeout for slow clients, and the idle timeout between keep-alive requests.
@@ -50,7 +56,7 @@ timeout = int(os.environ.get("WORKER_TIMEOUT", "30"))  # a worker silent this lo
 # master's own path (issue 24.2).
 control_socket = os.environ.get("GUNICORN_CONTROL_SOCKET", "")
 control_socket_disable = not control_socket
-if worker_class == "gevent":
+if "gevent" in worker_class.lower():
     # Greenlets share a worker: Django's per-greenlet connections go through a pool instead
     # of one persistent connection per thread (settings: DB_POOL).
     os.environ.setdefault("DB_POOL", "1")
@@ -76,6 +82,12 @@ def child_exit(server: Any, worker: Any) -> None:
 
 
 def post_worker_init(worker: Any) -> None:
+    # A slot per connection plus the database, Redis and log descriptors: raise the soft limit
+    # of open files as far as the hard one allows (the usual soft default is 1,024).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = worker_connections + max(32, worker_connections // 10) + 256
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard))
     # Issue 8.1: while this worker accepts heartbeats, it stamps the intake beacon (L1/L2).
     from members.intake import start_beacon
 

@@ -34,6 +34,7 @@ from gevent import monkey
 from coordinator_project.process_state import PROCESS
 from dataplane.protocol import ErrorCode
 from groups.ratelimit import LogThrottle
+from webserver.phases import Phase, mark
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,10 @@ class RequestDeadlineExceeded(BaseException):
 
 class BodyReadTimeout(Exception):
     """The client did not send its body within BODY_READ_TIMEOUT_SECONDS."""
+
+
+class BodyCutShort(Exception):
+    """The connection ended (or broke) before the announced body was in."""
 
 
 def log_refusal(kind: str, message: str, *args: Any) -> None:
@@ -135,9 +140,16 @@ def read_body(environ: dict[str, Any], limit: int, timeout: float | None) -> byt
     want = limit + 1 if chunked else length
     while size < want:
         left = None if deadline is None else deadline - time.monotonic()
-        part = _read(stream, min(65536, want - size), left)
+        try:
+            part = _read(stream, min(65536, want - size), left)
+        except (BodyReadTimeout, RequestDeadlineExceeded):
+            raise
+        except Exception as exc:  # gunicorn's NoMoreData, a bad chunk, a reset: no body to use
+            raise BodyCutShort(f"{exc.__class__.__name__}: {exc}") from exc
         if not part:
-            break  # the end of a chunked body (or a client that hung up: Django sees it short)
+            if not chunked:
+                raise BodyCutShort(f"{size} of {length} bytes")
+            break  # the end of a chunked body
         parts.append(part)
         size += len(part)
     if size > limit:
@@ -180,6 +192,13 @@ class RequestGuard:
                         path.encode("unicode_escape").decode(), environ.get("REMOTE_ADDR"))
             return _json_response(environ, start_response, "408 Request Timeout", ErrorCode.INVALID_REQUEST,
                                   f"body: not received within {settings.BODY_READ_TIMEOUT_SECONDS} s", close=True)
+        except BodyCutShort as exc:
+            log_refusal("body-cut", "request refused: 400, body cut short (%s; %s %s from %s)", exc,
+                        environ.get("REQUEST_METHOD"), path.encode("unicode_escape").decode(),
+                        environ.get("REMOTE_ADDR"))
+            return _json_response(environ, start_response, "400 Bad Request", ErrorCode.INVALID_REQUEST,
+                                  "body: the connection ended before the body was complete", close=True)
+        mark(Phase.APP)
         if body is None:
             return _json_response(environ, start_response, "413 Request Entity Too Large", ErrorCode.INVALID_REQUEST,
                                   f"body: larger than the limit of {limit} bytes (DATA_UPLOAD_MAX_MEMORY_SIZE)",

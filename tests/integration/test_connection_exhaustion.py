@@ -1,0 +1,174 @@
+"""Issue 27.1: connections without a key cannot exhaust a node.
+
+A real gunicorn with the shipped config and 2 × 40 slots (WORKER_CONNECTIONS=40) faces more
+clients than slots, all on loopback, from addresses other than the prober's (127.0.0.2-12;
+Linux routes all of 127/8 to loopback): clients that trickle a login body (Content-Length
+100000, a byte every 2 s), and polite keep-alive clients that send a request every 3.5 s and
+stay idle in between. Meanwhile a client that connects after them keeps its heartbeats'
+p99 <= 100 ms. The same test fails on the stock gevent worker (WORKER_CLASS=gevent): the held
+connections take every slot and the probe's heartbeats wait for minutes.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dataplane.transport import CoordinatorUnavailable, Transport
+
+from .conftest import make_group, running_gunicorn
+
+pytestmark = [pytest.mark.slow, pytest.mark.needs_postgres]
+
+SLOTS_PER_WORKER = 40
+SLOW_ADDRESSES = [f"127.0.0.{i}" for i in range(2, 7)]  # 5 × 30 trickling clients
+IDLE_ADDRESSES = [f"127.0.0.{i}" for i in range(7, 13)]  # 6 × 30 keep-alive clients
+PER_ADDRESS = 30
+ATTACK_SECONDS = 20.0
+# Dropped clients come back after 2 s: an attack that holds connections (what 27.1 is
+# about), bounded in load; a flood of new connections is a firewall's or a proxy's matter.
+RECONNECT_PAUSE = 2.0
+
+
+async def _slow_body(port: int, source: str, stop: asyncio.Event, stats: dict[str, int]) -> None:
+    """Holds a connection with a login body that never completes; reconnects when dropped."""
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+        except OSError:
+            await asyncio.sleep(0.5)
+            continue
+        stats["slow_opened"] += 1
+        try:
+            writer.write(b"POST /admin/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100000\r\n\r\n")
+            await writer.drain()
+            while not stop.is_set() and not reader.at_eof():
+                writer.write(b"a")
+                await writer.drain()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(reader.read(4096), 2.0)
+        except OSError:
+            pass
+        finally:
+            writer.close()
+        await asyncio.sleep(RECONNECT_PAUSE)
+
+
+async def _idle_keepalive(port: int, source: str, stop: asyncio.Event, stats: dict[str, int]) -> None:
+    """A polite client: GET /healthz every 3.5 s on one kept-alive connection; reconnects."""
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+        except OSError:
+            await asyncio.sleep(0.5)
+            continue
+        stats["idle_opened"] += 1
+        try:
+            while not stop.is_set():
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                await writer.drain()
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                if not head:
+                    break
+                length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]) if b"Content-Length" in head else 0
+                await reader.readexactly(length)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 3.5)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, IndexError):
+            pass
+        finally:
+            writer.close()
+        await asyncio.sleep(RECONNECT_PAUSE)
+
+
+def _attack(port: int, stop_flag: threading.Event, started: threading.Event, stats: dict[str, int]) -> None:
+    async def main() -> None:
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(_slow_body(port, a, stop, stats))
+                 for a in SLOW_ADDRESSES for _ in range(PER_ADDRESS)]
+        tasks += [asyncio.create_task(_idle_keepalive(port, a, stop, stats))
+                  for a in IDLE_ADDRESSES for _ in range(PER_ADDRESS)]
+        await asyncio.sleep(3.0)  # every attacker connected (or refused) before the probe
+        started.set()
+        while not stop_flag.is_set():
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def _probe(transport: Transport, group: str, epoch: int, seconds: float, failures: list[object]) -> list[float]:
+    """Steady heartbeats for `seconds`: each one's latency in s."""
+    latencies = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        t0 = time.perf_counter()
+        try:
+            status, body = transport.heartbeat(group, {"memberId": "probe", "memberEpoch": epoch})
+            if status != 200:
+                failures.append(status)
+            else:
+                epoch = body["memberEpoch"]
+        except CoordinatorUnavailable as exc:
+            failures.append(repr(exc))
+        latencies.append(time.perf_counter() - t0)
+        time.sleep(0.02)  # a member's heartbeat interval, compressed
+    return latencies
+
+
+def _loopback_aliases_work() -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.2", 0))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.skipif(not _loopback_aliases_work(), reason="127.0.0.2 cannot be bound here")
+def test_i27_1_slow_body_and_idle_connections_beyond_the_slots_leave_heartbeats_fast(
+    transactional_db: None, tmp_path: Path
+):
+    fx = make_group(stream="exhaust", group="exhaust-g")
+    env = {"WORKER_CONNECTIONS": str(SLOTS_PER_WORKER), "MAX_CONNECTIONS_PER_CLIENT": "12",
+           "CONNECTION_CAP_EXEMPT": "", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    with running_gunicorn(**env) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        url = f"{server.url}/api/v1/groups/{fx.group}/heartbeat"
+        headers = {"Authorization": f"Bearer {fx.key}"}
+        r = httpx.post(url, json={"memberId": "probe", "memberEpoch": 0}, headers=headers, timeout=10)
+        epoch = r.json()["memberEpoch"]
+        with Transport(server.url, fx.key) as transport:  # for the report: this machine's noise
+            alone = _probe(transport, fx.group, epoch, 5.0, [])
+        stats = {"slow_opened": 0, "idle_opened": 0}
+        stop, started = threading.Event(), threading.Event()
+        attacker = threading.Thread(target=_attack, args=(port, stop, started, stats), daemon=True)
+        attacker.start()
+        try:
+            assert started.wait(30)
+            failures: list[object] = []
+            # The member library's transport (one kept-alive connection, retries a connection
+            # the server closed), created after the attack began.
+            with Transport(server.url, fx.key) as transport:
+                latencies = _probe(transport, fx.group, epoch, ATTACK_SECONDS, failures)
+        finally:
+            stop.set()
+            attacker.join(30)
+    held = (len(SLOW_ADDRESSES) + len(IDLE_ADDRESSES)) * PER_ADDRESS
+    assert held > 2 * SLOTS_PER_WORKER  # more clients than slots
+    assert stats["slow_opened"] + stats["idle_opened"] >= 2 * SLOTS_PER_WORKER, stats
+    assert not failures, failures[:5]
+    p50, p99 = statistics.median(latencies) * 1000, statistics.quantiles(latencies, n=100)[98] * 1000
+    print(f"alone: p50 {statistics.median(alone) * 1000:.1f} ms, p99 {statistics.quantiles(alone, n=100)[98] * 1000:.1f}"
+          f" ms; {len(latencies)} heartbeats during the attack: p50 {p50:.1f} ms, p99 {p99:.1f} ms; {stats}")
+    assert len(latencies) > 200
+    assert p99 <= 100, f"heartbeat p99 {p99:.0f} ms over {len(latencies)} heartbeats; {stats}"
