@@ -129,16 +129,23 @@ _queues: ProcessCache[str, deque[_Queued]] = PROCESS.own(
 def _locked_in_turn(group_name: str, mine: _Queued) -> HeartbeatResult:
     queue = _queues.setdefault(group_name, deque())
     queue.append(mine)
-    with group_gate(group_name):
-        if mine.result is None and mine.error is None:  # nobody applied it while it waited
-            batch = [mine]
-            while queue and len(batch) < BATCH_MAX:
-                queued = queue.popleft()
-                if queued is not mine:
-                    batch.append(queued)
-            with suppress(ValueError):
-                queue.remove(mine)  # in the queue still if a full batch left it there
-            _apply_batch(group_name, batch)
+    try:
+        with group_gate(group_name):
+            if mine.result is None and mine.error is None:  # nobody applied it while it waited
+                batch = [mine]
+                while queue and len(batch) < BATCH_MAX:
+                    queued = queue.popleft()
+                    if queued is not mine:
+                        batch.append(queued)
+                with suppress(ValueError):
+                    queue.remove(mine)  # in the queue still if a full batch left it there
+                _apply_batch(group_name, batch)
+    except BaseException:
+        # Dropped while it waited (the request deadline is a BaseException raised where the
+        # request waits): its client is told "not applied", so no later pass may apply it.
+        with suppress(ValueError):
+            queue.remove(mine)
+        raise
     if mine.error is not None:
         raise mine.error
     assert mine.result is not None  # noqa: S101 - _apply_batch answers every one
