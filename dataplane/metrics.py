@@ -70,10 +70,12 @@ class Metrics:
     # ---- the handler ------------------------------------------------------------------------
 
     def wrap(self, handler: Callable[..., Any], *, batch: bool) -> Callable[..., Any]:
-        """The handler, timed and counted per shard (only when metrics are on)."""
+        """The handler, timed and counted per shard (only when metrics are on); `count` also
+        observes the handler's time, so the sync and async wrappers share one epilogue."""
         observe, handled, failed = self.handler_seconds.observe, self.handled, self.failed
 
-        def count(arg: Any, exc: BaseException | None) -> None:
+        def count(arg: Any, exc: BaseException | None, t0: float) -> None:
+            observe(time.perf_counter() - t0)
             msgs = arg if batch else [arg]
             if not msgs:
                 return
@@ -96,11 +98,9 @@ class Metrics:
                 try:
                     result = await handler(arg)
                 except BaseException as exc:
-                    observe(time.perf_counter() - t0)
-                    count(arg, exc)
+                    count(arg, exc, t0)
                     raise
-                observe(time.perf_counter() - t0)
-                count(arg, None)
+                count(arg, None, t0)
                 return result
 
             return timed_async
@@ -111,11 +111,9 @@ class Metrics:
             try:
                 result = handler(arg)
             except BaseException as exc:
-                observe(time.perf_counter() - t0)
-                count(arg, exc)
+                count(arg, exc, t0)
                 raise
-            observe(time.perf_counter() - t0)
-            count(arg, None)
+            count(arg, None, t0)
             return result
 
         return timed
