@@ -92,7 +92,7 @@ def start_server(port: int, **overrides: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, DATABASE_URL=DB_URL, ROOT_URLCONF="bench.urls", LOG_LEVEL="WARNING", **overrides)
     # The shipped gunicorn config (workers from WEB_CONCURRENCY, Prometheus multiprocess mode).
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn.conf.py",
+        [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py",
          "coordinator_project.wsgi", "-b", f"127.0.0.1:{port}", "--log-level", "warning",
          "--backlog", "2048"],
         cwd=ROOT, env=env,
@@ -351,7 +351,7 @@ def single_join_cost(group: str, samples: int = 40) -> dict[str, dict[str, float
 
     # This process also drove the storm: its 1,000 simulated members and their answers are not
     # the coordinator's heap, and a collection walking them is not coordinator time. Frozen,
-    # as a gunicorn worker freezes its loaded app (gunicorn.conf.py).
+    # as a gunicorn worker freezes its loaded app (gunicorn_conf.py).
     gc.collect()
     gc.freeze()
     out: dict[str, dict[str, float]] = {}

@@ -4,7 +4,7 @@ Two kinds, so every gunicorn worker answers a scrape with the same numbers:
 
 * Per-request counters and histograms (heartbeats by errorCode/status, heartbeat latency)
   live in each process. With several workers, prometheus_client's multiprocess mode
-  (PROMETHEUS_MULTIPROC_DIR, set up by coordinator_project/gunicorn.conf.py) writes them to
+  (PROMETHEUS_MULTIPROC_DIR, set up by coordinator_project/gunicorn_conf.py) writes them to
   per-process files that the scrape sums.
 * State (members and shards by state per group, pending shards, epochs, resharding state,
   sweep lag) is read from the database at scrape time by `StateCollector`, a handful of

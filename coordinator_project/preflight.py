@@ -1,6 +1,6 @@
 """One line, never a traceback, for an operator's mistakes (issue 24.3).
 
-`manage.py`, gunicorn (`gunicorn.conf.py`, in the master before any worker forks) and the
+`manage.py`, gunicorn (`gunicorn_conf.py`, in the master before any worker forks) and the
 Celery app check the environment before Django loads, and `manage.py` turns the errors an
 operator causes (no database, a database not migrated, Redis unreachable, output piped into
 `head`) into one line on stderr and a non-zero exit. Anything else is a bug and keeps its

@@ -159,7 +159,7 @@ if _default["ENGINE"].endswith("postgresql"):
     _liveness["CONN_HEALTH_CHECKS"] = False  # fastpath drops a broken connection itself
     DATABASES["liveness"] = _liveness
 if env_bool("DB_POOL") and _default["ENGINE"].endswith("postgresql"):
-    # Issue 8.2: the gevent worker (gunicorn.conf.py sets DB_POOL) serves many requests at
+    # Issue 8.2: the gevent worker (gunicorn_conf.py sets DB_POOL) serves many requests at
     # once; each borrows a connection from a per-process pool for the request's duration.
     # A request that waits longer than DB_POOL_TIMEOUT for one answers 503.
     # "default" (the locked path: joins, revocations, admin) gets few: its transactions

@@ -380,7 +380,7 @@ class Supervisor:
         celery = str(Path(PY).with_name("celery"))
         gunicorn = str(Path(PY).with_name("gunicorn"))
         # The config file picks the worker class and count; only the bind address is ours.
-        self.start("web", [gunicorn, "-c", "coordinator_project/gunicorn.conf.py", "coordinator_project.wsgi",
+        self.start("web", [gunicorn, "-c", "coordinator_project/gunicorn_conf.py", "coordinator_project.wsgi",
                            "-b", f"{self.args.host}:{self.args.port}"], "core")
         # WARNING: at INFO they log every beat tick (two tasks every SWEEP_INTERVAL_SECONDS).
         self.start("worker", [celery, "-A", "coordinator_project", "worker", "--loglevel=WARNING",

@@ -152,7 +152,7 @@ def running_gunicorn(port: int | None = None, **extra_env: str) -> Iterator[Live
     port = port or free_port()
     env = {**os.environ, "DATABASE_URL": live_database_url(), "PYTHONUNBUFFERED": "1", **extra_env}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn.conf.py", "-w", "2",
+        [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-w", "2",
          "-b", f"127.0.0.1:{port}", "--log-level", "warning", "coordinator_project.wsgi"],
         cwd=ROOT, env=env,
     )

@@ -47,7 +47,7 @@ def _gunicorn_config(**env: str) -> str:
     e = {**os.environ, "SECRET_KEY": "k" * 50, **env}
     if "GUNICORN_CONTROL_SOCKET" not in env:
         e.pop("GUNICORN_CONTROL_SOCKET", None)
-    done = subprocess.run([sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn.conf.py",
+    done = subprocess.run([sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py",
                            "--print-config", "coordinator_project.wsgi"], cwd=ROOT, env=e,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

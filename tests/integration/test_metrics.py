@@ -1,6 +1,6 @@
 """/metrics, /readyz and the JSON log lines, against PostgreSQL and Redis.
 
-The multi-worker test runs gunicorn with coordinator_project/gunicorn.conf.py (2 workers,
+The multi-worker test runs gunicorn with coordinator_project/gunicorn_conf.py (2 workers,
 prometheus_client multiprocess mode) and checks that every scrape, whichever worker
 answers it, reports the heartbeats of all workers.
 """
@@ -229,7 +229,7 @@ def test_json_log_line_per_event_and_per_rejected_heartbeat(hb: Hb, orders: Grou
 # --- several gunicorn workers ----------------------------------------------------------------------
 @pytest.fixture
 def gunicorn_with_config(transactional_db: None, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """gunicorn -c coordinator_project/gunicorn.conf.py, 2 workers, with a known metrics dir."""
+    """gunicorn -c coordinator_project/gunicorn_conf.py, 2 workers, with a known metrics dir."""
     prom = tmp_path / "prom"
     with running_gunicorn(PROMETHEUS_MULTIPROC_DIR=str(prom)) as server:
         yield server.url, prom

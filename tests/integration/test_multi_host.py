@@ -71,7 +71,7 @@ class Host:
     def start(self) -> None:
         """One gunicorn master (one worker, the shipped config) in a process group of its own."""
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn.conf.py", "-w", "1",
+            [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-w", "1",
              "-b", f"127.0.0.1:{self.port}", "--log-level", "warning", "coordinator_project.wsgi"],
             cwd=ROOT, env=self.env, start_new_session=True,
         )

@@ -54,7 +54,7 @@ def test_i24_3_secret_key_unset_manage_py_prints_one_line():
 
 
 def test_i24_3_secret_key_unset_gunicorn_master_stops_with_one_line():
-    p = run([PYTHON, "-m", "gunicorn", "-c", "coordinator_project/gunicorn.conf.py", "-b", "127.0.0.1:0",
+    p = run([PYTHON, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-b", "127.0.0.1:0",
              "coordinator_project.wsgi"], drop=NO_SECRET, timeout=30)
     one_line_error(p, "gunicorn: error: SECRET_KEY is not set")
 
@@ -81,7 +81,7 @@ def test_i24_1_read_only_commands_need_no_secret_key():
 def test_i24_3_unknown_database_url_scheme():
     p = run([PYTHON, "manage.py", "list_groups"], env={"DATABASE_URL": "mongodb://db.example/x"})
     one_line_error(p, "error: DATABASE_URL has an unknown scheme mongodb://", "postgres://")
-    p = run([PYTHON, "-m", "gunicorn", "-c", "coordinator_project/gunicorn.conf.py", "-b", "127.0.0.1:0",
+    p = run([PYTHON, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-b", "127.0.0.1:0",
              "coordinator_project.wsgi"], env={"DATABASE_URL": "mysql2://x/y"}, timeout=30)
     one_line_error(p, "gunicorn: error: DATABASE_URL has an unknown scheme mysql2://")
 

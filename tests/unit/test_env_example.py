@@ -1,5 +1,5 @@
 """Issue 24.2: `.env.example` lists every setting the coordinator reads from the environment
-(settings.py, gunicorn.conf.py, the Celery app), so an operator sees every knob in one place.
+(settings.py, gunicorn_conf.py, the Celery app), so an operator sees every knob in one place.
 Read from the source, so a setting added without an entry fails here."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from coordinator_project.preflight import read_env_file
 
 ROOT = Path(__file__).resolve().parents[2]
-READERS = ("coordinator_project/settings.py", "coordinator_project/gunicorn.conf.py",
+READERS = ("coordinator_project/settings.py", "coordinator_project/gunicorn_conf.py",
            "coordinator_project/celery.py")
 # Read by the process, not settings an operator sets for the coordinator.
 NOT_SETTINGS = {"DJANGO_SETTINGS_MODULE", "RSC_READ_ONLY_COMMAND"}
