@@ -62,7 +62,7 @@ _described = inline_serializer("DescribedGroup", {
     "groupEpoch": serializers.IntegerField(),
     "assignmentEpoch": serializers.IntegerField(),
     "metadataEpoch": serializers.IntegerField(),
-    "paused": serializers.BooleanField(help_text="§11: members hold their shards and read nothing"),
+    "paused": serializers.BooleanField(help_text="the group is paused (§11): members hold their shards and read nothing"),
     "pausedAt": serializers.DateTimeField(allow_null=True),
     "pausedBy": serializers.CharField(allow_null=True, help_text="who paused it (cli:<user>, admin:<user>, api-key:<id>)"),
     "members": serializers.ListField(child=_member),

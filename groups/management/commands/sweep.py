@@ -10,7 +10,7 @@ from groups.sweeps import LIVENESS, RESHARDING, run_all_sweeps
 
 class Command(BaseCommand):
     help = (
-        "Run one pass of all periodic work (L1 session expiry, L2 rebalance timeout, resharding) "
+        "Run one pass of all periodic work: session expiry (L1), rebalance timeout (L2) and resharding "
         "and print what it did. Safe beside Celery beat or another sweep."
     )
 
