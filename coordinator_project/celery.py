@@ -72,6 +72,22 @@ def _use_installation_namespace(sender: Celery, **_: Any) -> None:
     sender.conf.update(namespace_settings(installation_namespace()))
 
 
+@signals.worker_ready.connect
+@signals.beat_init.connect
+def _publish_identity(**_: Any) -> None:
+    # Issue 25.4: the installation id in the stream Redis for members to check, at each start
+    # of the coordinator's background side (not on a request path). A failure is logged: the
+    # sweeps matter more, and stream/group creation and reshards write it too.
+    import logging
+
+    from groups.namespace import publish_identity
+
+    try:
+        publish_identity()
+    except Exception:
+        logging.getLogger(__name__).exception("cannot publish the installation identity")
+
+
 @signals.worker_process_shutdown.connect
 def _close_process_state(**_: Any) -> None:
     # Issue 23.1: what this worker process keeps is flushed and closed (process_state.PROCESS).

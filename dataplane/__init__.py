@@ -37,6 +37,7 @@ _LAZY = {
     "GroupNotFoundError": "errors",
     "RedisUnavailableError": "errors",
     "RedisPermissionError": "errors",
+    "RedisMismatchError": "errors",
     "InstanceIdReplaced": "errors",
     "BatchItemsFailed": "errors",
 }
@@ -55,6 +56,7 @@ __all__ = [
     "Membership",
     "Message",
     "Producer",
+    "RedisMismatchError",
     "RedisPermissionError",
     "RedisUnavailableError",
     "Runtime",
@@ -76,6 +78,7 @@ if TYPE_CHECKING:
         DataplaneError,
         GroupNotFoundError,
         InstanceIdReplaced,
+        RedisMismatchError,
         RedisPermissionError,
         RedisUnavailableError,
     )

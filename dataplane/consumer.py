@@ -18,7 +18,15 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import InstanceIdReplaced, heartbeat_refusal
+from .connections import NET_ERRORS
+from .errors import (
+    InstanceIdReplaced,
+    RedisMismatchError,
+    RedisPermissionError,
+    RedisUnavailableError,
+    heartbeat_refusal,
+    is_noperm,
+)
 from .listeners import Listener, Listeners
 from .membership import Actions, Membership
 from .message import Message
@@ -167,6 +175,11 @@ class Consumer:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the machine is not thread-safe; run() owns it
         self._last_accepted_at: float | None = None  # time.time(), for status()
+        self.redis_url = redis_url
+        # Issue 25.4: key prefixes whose <prefix>:identity matched the metadata's installationId,
+        # and the metadata document last checked (the check runs again only when it changes).
+        self._verified_prefixes: set[str] = set()
+        self._checked_metadata: object = None
 
     # ---- public ------------------------------------------------------------------------
 
@@ -309,6 +322,39 @@ class Consumer:
             self.runtime.abort(shard)  # ABORTED: a handler that finishes later ACKs nothing
         self.listeners.lost(shards)
 
+    def _check_identity(self) -> BaseException | None:
+        """Issue 25.4: before the first read of a key prefix, its ``<prefix>:identity`` in our
+        Redis must hold the metadata's ``installationId``: a wrong --redis (database, host,
+        port) would otherwise be read, and written to, as if it were the coordinator's. One GET
+        per prefix, once; None when it matches (or the coordinator publishes no identity: an
+        older one), else the error to stop on."""
+        md = self.machine.metadata
+        if md is self._checked_metadata or not md:
+            return None
+        self._checked_metadata = md
+        expected = md.get("installationId")
+        if not isinstance(expected, str) or not expected:
+            return None
+        versions = md.get("versions") or []
+        prefixes = {md.get("keyPrefix")}
+        prefixes.update(v.get("keyPrefix") for v in versions if isinstance(v, dict))
+        for prefix in sorted(p for p in prefixes if isinstance(p, str)):
+            if prefix in self._verified_prefixes:
+                continue
+            key = f"{prefix}:identity"
+            try:
+                found = self.runtime.client.get(key)
+            except NET_ERRORS as exc:
+                return RedisUnavailableError(f"cannot read {key} to check the Redis: {exc}")
+            except Exception as exc:
+                if is_noperm(exc):
+                    return RedisPermissionError(f"read the installation identity {key}", exc)
+                raise
+            if found != expected:
+                return RedisMismatchError(self.redis_url, key, found, expected)
+            self._verified_prefixes.add(prefix)
+        return None
+
     def _refusal_is_fatal(self, refused_since: float | None) -> bool:
         """A 401/403/404 that kept coming for refusal_timeout_s, with the session lost by now
         (the coordinator has expired us: nothing is held any more)."""
@@ -384,6 +430,13 @@ class Consumer:
                         raise fatal
                     actions = m.on_response(_now_ms(), status, body)
                     joined = joined or m.member_epoch > 0
+                    mismatch = self._check_identity()
+                    if mismatch is not None:
+                        # Nothing of that Redis is touched: the grants are not started (no
+                        # fence token, no consumer group), and the leave gives them back.
+                        m.decline([g.shard for g in actions.grant])
+                        actions.grant.clear()
+                        rt.table.fail(mismatch)  # the loop leaves, run() raises it
                     if m.member_epoch > 0 and m.last_error is None:
                         # Accepted: the coordinator saw us alive no earlier than sent_at, so
                         # it cannot have expired us before sent_at + session timeout.

@@ -12,6 +12,7 @@ and the newest wins.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -51,6 +52,35 @@ class RedisPermissionError(ConfigurationError):
         super().__init__(
             f"the Redis user may not {what}: {exc} (grant the member role of docs/SECURITY.md)"
         )
+
+
+class RedisMismatchError(ConfigurationError):
+    """The member's Redis is not the coordinator's stream Redis (issue 25.4): its
+    ``<keyPrefix>:identity`` is missing or holds another installation id than the heartbeat
+    metadata's ``installationId`` (a wrong database number, host or port). Checked after the
+    join, before the first read: the member creates nothing there, leaves the group and
+    ``Consumer.run()`` raises this; ``consume`` exits 2 with one line."""
+
+    def __init__(self, redis_url: str, key: str, found: str | None, expected: str) -> None:
+        self.key = key
+        self.found = found
+        self.expected = expected
+        where = safe_url(redis_url)
+        if found is None:
+            what = (f"Redis {where} holds no {key}: it is not the coordinator's stream Redis "
+                    f"(installation {expected})")
+        else:
+            what = (f"Redis {where} belongs to installation {found} ({key}), the coordinator is "
+                    f"installation {expected}")
+        super().__init__(
+            f"{what}; nothing was read or written there. Check --redis (host, port, database); "
+            "if it is the right Redis, run `manage.py publish_identity` on the coordinator"
+        )
+
+
+def safe_url(url: str) -> str:
+    """The URL without its password."""
+    return re.sub(r"(//[^:/@]*):[^@/]*@", r"\1:***@", url)
 
 
 class InstanceIdReplaced(ConfigurationError):
@@ -111,6 +141,7 @@ __all__ = [
     "DataplaneError",
     "GroupNotFoundError",
     "InstanceIdReplaced",
+    "RedisMismatchError",
     "RedisPermissionError",
     "RedisUnavailableError",
     "heartbeat_refusal",

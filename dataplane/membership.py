@@ -324,6 +324,12 @@ class Membership:
         self.owned.clear()
         return actions
 
+    def decline(self, shards: list[str]) -> None:
+        """The driver did not start these new grants (its Redis is not the coordinator's, issue
+        25.4): forget them unread, so that the leave that follows reports nothing of them."""
+        for shard in shards:
+            self.owned.pop(shard, None)
+
     def force_leave(self) -> None:
         """Leave now even though some shards are still in flight (shutdown deadline)."""
         self.leaving = True

@@ -12,7 +12,7 @@ from rest_framework.renderers import JSONRenderer
 from coordinator_project.process_state import PROCESS, ProcessCache
 from dataplane.routing import HASH_ALGORITHM
 from dataplane.routing import ShardVersion as RoutingVersion
-from groups.models import Group, ShardVersion, Stream, VersionState
+from groups.models import Group, Installation, ShardVersion, Stream, VersionState
 
 _cache: ProcessCache[tuple[str, int, int], dict[str, Any]] = PROCESS.own(
     "metadata documents", ProcessCache(),
@@ -68,6 +68,10 @@ def group_metadata(group: Group) -> dict[str, Any]:
             "rebalanceTimeoutMs": group.rebalance_timeout_ms,
             "startPosition": group.start_position,
             "keyPrefix": stream.key_prefix,
+            # Issue 25.4: members compare it with <keyPrefix>:identity in their Redis before
+            # their first read (a fixed 32 characters: the size stays constant).
+            # (made with the first stream: groups.namespace.installation_id; None before).
+            "installationId": Installation.objects.filter(pk=1).values_list("installation_id", flat=True).first(),
             # No streamState: the document is cached by the group's metadataEpoch, which the
             # PREPARING -> SEALING step does not raise (members have nothing to act on), so it
             # would differ between processes for one epoch (issue 23.2). The versions' states

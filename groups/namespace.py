@@ -82,6 +82,45 @@ def owner_key(prefix: str) -> str:
     return f"{prefix}:owner"
 
 
+def identity_key(prefix: str) -> str:
+    """`<prefix>:identity`: the installation id, published in the stream Redis for members to
+    compare with the heartbeat metadata's `installationId` before their first read (issue
+    25.4). One key per prefix, read alone, so it carries no hash tag (like the owner key)."""
+    return f"{prefix}:identity"
+
+
+def publish_identity(prefixes: Iterable[str] | None = None, client: redis.Redis | None = None) -> list[str]:
+    """SET `<prefix>:identity` to this installation's id for each prefix (default: every
+    stream's and the installation's own default), pipelined. Written with each stream and
+    group, at each reshard, at Celery worker/beat start and by `manage.py publish_identity`.
+    Returns the keys written. Redis errors raise ServiceError; an ACL refusal (an older
+    coordinator role without SET on the key) is logged and nothing is written: members then
+    refuse that Redis, naming the key and the fix."""
+    mine = installation_id()
+    if prefixes is None:
+        from groups.models import Stream
+
+        prefixes = {default_key_prefix(), *Stream.objects.values_list("key_prefix", flat=True).distinct()}
+    keys = sorted({identity_key(p) for p in prefixes})
+    if not keys:
+        return []
+    client = client or stream_redis()
+    try:
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.set(key, mine)
+        pipe.execute()
+    except redis.RedisError as exc:
+        if is_noperm(exc):
+            log.warning("cannot publish the installation identity %s: %s; members refuse this "
+                        "Redis until it is there (give the coordinator role SET on it: "
+                        "docs/SECURITY.md)", " ".join(keys), exc)
+            return []
+        raise ServiceError(f"cannot publish the installation identity in the stream Redis "
+                           f"(STREAM_REDIS_URL): {exc}") from exc
+    return keys
+
+
 @cache
 def _client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True)
@@ -103,9 +142,10 @@ def claim_prefix(prefix: str, client: redis.Redis | None = None) -> None:
     database could share it, and a copy would write the same id): nothing is written for it.
     """
     mine = installation_id()
-    if prefix == namespace_for(mine):
-        return
     client = client or stream_redis()
+    if prefix == namespace_for(mine):
+        publish_identity([prefix], client)
+        return
     with _redis_errors():
         client.set(owner_key(prefix), mine, nx=True)
         owner = client.get(owner_key(prefix))
@@ -116,6 +156,7 @@ def claim_prefix(prefix: str, client: redis.Redis | None = None) -> None:
             f"this database's. Use another key prefix (the default, {default_key_prefix()!r}, is "
             "this installation's own), or point STREAM_REDIS_URL at another Redis database"
         )
+    publish_identity([prefix], client)
 
 
 def check_new_shards(

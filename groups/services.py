@@ -38,7 +38,13 @@ from groups.models import (
     Stream,
     VersionState,
 )
-from groups.namespace import check_new_shards, claim_prefix, create_consumer_groups, default_key_prefix
+from groups.namespace import (
+    check_new_shards,
+    claim_prefix,
+    create_consumer_groups,
+    default_key_prefix,
+    publish_identity,
+)
 
 # Full matches only (\A…\Z, fullmatch): `$` would also accept a trailing newline.
 STREAM_NAME_RE = re.compile(r"\A[A-Za-z0-9._-]{1,200}\Z")  # no ':' — shard ids are stream:v:i
@@ -153,6 +159,7 @@ def create_group(
             )
             # Last, so that a refusal rolls the rows back (a retry keeps what was made).
             ensure_consumer_groups(group)
+            publish_identity([stream_row.key_prefix])  # issue 25.4: members check it
     except IntegrityError as exc:
         raise ServiceError(f"group {name!r} already exists") from exc
     return group

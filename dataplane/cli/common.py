@@ -21,7 +21,9 @@ exit codes:
      stream (404), Redis refused the credentials; consume: another process joined
      with the same --instance-id and took this one's place (PROTOCOL §9 R1s), so this one
      stopped instead of replacing it in turn; consume after a successful start: the key
-     (401/403) or the group (404) refused for --refusal-timeout with the session lost
+     (401/403) or the group (404) refused for --refusal-timeout with the session lost;
+     --redis is not the coordinator's stream Redis (<keyPrefix>:identity missing or another
+     installation's) or refuses a command the member needs (ACL)
   {EXIT_UNREACHABLE}  unreachable at start: the coordinator or Redis cannot be reached
 Errors with exit codes 2 and 3 print one line on stderr, never a traceback. After a
 successful start, transient coordinator/Redis errors are retried with a warning.

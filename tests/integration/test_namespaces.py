@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from io import StringIO
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,9 @@ from django.core.management import CommandError, call_command
 
 from coordinator_project.celery import installation_namespace, namespace_settings
 from dataplane.routing import ShardKeys
+from groups.metadata import group_metadata
 from groups.models import Stream
-from groups.namespace import default_key_prefix, installation_id, owner_key
+from groups.namespace import default_key_prefix, identity_key, installation_id, owner_key
 from groups.resharding import start_reshard
 from groups.services import ServiceError, create_group, create_stream
 
@@ -48,9 +50,11 @@ print(json.dumps({"namespace": ns, "celery": namespace_settings(ns)}))
 def stream_redis() -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(settings.STREAM_REDIS_URL, decode_responses=True)
     yield client
-    for pattern in ("rsc*:{ns-*", "ns-shared-prefix:*"):
+    ours = identity_key(default_key_prefix())  # other tests' members check it
+    for pattern in ("rsc*:{ns-*", "ns-shared-prefix:*", "ns-id-prefix:*", "rsc-*:identity"):
         for key in client.scan_iter(pattern, count=1000):
-            client.delete(key)
+            if key != ours:
+                client.delete(key)
     client.close()
 
 
@@ -78,9 +82,14 @@ def test_ns_two_installations_on_one_redis_do_not_see_each_others_keys(
     theirs = other["namespace"]
     assert theirs != mine
     assert theirs.startswith("rsc-")
-    # Their reshard sealed their version 1, under their prefix; nothing appeared under ours.
+    # Their reshard sealed their version 1, under their prefix; nothing appeared under ours
+    # but our own identity (issue 25.4), which they did not overwrite.
     assert stream_redis.exists(*(ShardKeys(f"ns-orders:1:{i}", theirs).sealed for i in range(2))) == 2
-    assert list(stream_redis.scan_iter(f"{mine}:*", count=1000)) == []
+    assert list(stream_redis.scan_iter(f"{mine}:*", count=1000)) == [identity_key(mine)]
+    # Each installation publishes its own id under its own prefix, for its members to check.
+    assert stream_redis.get(identity_key(mine)) == installation_id()
+    assert stream_redis.get(identity_key(theirs)) not in (None, installation_id())
+    assert stream_redis.get(identity_key("ns-shared-prefix")) == stream_redis.get(owner_key("ns-shared-prefix"))
     # ... so this installation's stream is not sealed and reshards normally.
     assert start_reshard("ns-orders", 4).version == 2
     # Celery: their own queue, exchanges and broker key prefix.
@@ -104,6 +113,27 @@ def test_ns_a_key_prefix_owned_by_another_installation_is_refused(tmp_path: Path
     assert not Stream.objects.filter(name="ns-mine").exists()
     with pytest.raises(CommandError, match="belongs to another installation"):
         call_command("create_stream", "ns-mine", "--shards", "1", "--key-prefix", "ns-shared-prefix")
+    # A refused prefix keeps its owner's identity: members of the other installation still match.
+    assert stream_redis.get(identity_key("ns-shared-prefix")) == other_id(stream_redis)
+
+
+def other_id(stream_redis: redis.Redis) -> str | None:
+    return stream_redis.get(owner_key("ns-shared-prefix"))
+
+
+def test_i25_4_publish_identity_writes_every_prefix_and_the_metadata_carries_the_id(stream_redis: redis.Redis):
+    create_stream("ns-id", 1, key_prefix="ns-id-prefix")
+    mine = default_key_prefix()
+    for key in (identity_key(mine), identity_key("ns-id-prefix")):
+        stream_redis.delete(key)  # a restored or moved stream Redis
+    out = StringIO()
+    call_command("publish_identity", stdout=out)
+    assert stream_redis.get(identity_key(mine)) == installation_id()
+    assert stream_redis.get(identity_key("ns-id-prefix")) == installation_id()
+    assert f"{identity_key('ns-id-prefix')} = {installation_id()}" in out.getvalue()
+    group = create_group("ns-id-g", "ns-id")
+    assert group_metadata(group)["installationId"] == installation_id()
+    stream_redis.delete(identity_key("ns-id-prefix"), owner_key("ns-id-prefix"))
 
 
 def test_ns_leftover_seal_markers_and_fence_tokens_are_refused(stream_redis: redis.Redis):

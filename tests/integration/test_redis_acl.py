@@ -30,6 +30,7 @@ from dataplane.message import Message
 from dataplane.producer import Producer
 from dataplane.routing import ShardKeys
 from groups.describe import describe_group
+from groups.namespace import installation_id
 from groups.resharding import start_reshard
 from groups.services import ServiceError, create_api_key, create_group, create_stream
 from groups.sweeps import run_all_sweeps
@@ -50,6 +51,8 @@ OLD_PRINTED_MEMBER = (
     "%RW~rsc:{{orders:*}} %RW~rsc:{{orders:*}}:sealed %RW~rsc:{{orders:*}}:fence:billing "
     "%RW~rsc:{{orders:*}}:dlq:billing) (+get +set %RW~rsc:{{orders:*}}:fence:billing) "
     "(+xadd %RW~rsc:{{orders:*}}:dlq:billing) (+set %RW~rsc:{{orders:*}}:idem:billing:*)"
+    # Issue 25.4's identity GET, so that the refusal met is the fenced read's, as it was.
+    " (+get %R~rsc:identity)"
 )
 
 pytestmark = [
@@ -233,6 +236,10 @@ def test_i27_6_acl_roles_run_the_library_and_refuse_the_rest(
         assert refused(lambda: member.xadd(KEYS.dlq("payments"), {"x": "1"}))
         assert refused(lambda: member.execute_command("CLIENT", "UNBLOCK", 1))
         assert refused(lambda: member.execute_command("CLIENT", "ID"))
+        # Issue 25.4: the member reads the coordinator's identity and cannot forge it.
+        assert member.get("rsc:identity") == installation_id()
+        assert refused(lambda: member.set("rsc:identity", "forged"))
+        assert refused(lambda: producer_client.set("rsc:identity", "forged"))
         # What ACLs cannot stop (docs/SECURITY.md): groups of one stream share its key, and a
         # command's group name is not a key, so a member may read and ACK as another group.
         assert not refused(lambda: member.xreadgroup("payments", "intruder", {KEYS.stream: ">"}, count=1))
