@@ -30,7 +30,10 @@ shard) plus O(m + n log n) for the rest.
 
 ``reassign()`` computes the same result as a change list from each member's previous shards,
 in O(n log n + k log k) for the k shards that move once the shard set's natural order is
-known: a join or leave in a settled group then costs the change, not the group's size.
+known. ``reassign_by_count()`` computes it again from the members grouped by their previous
+count (a roster the coordinator keeps up to date), touching only the members whose count is
+not their quota: a join or leave in a settled group then costs the change, not the group's
+size (issue 26.2).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import TypeVar, cast
 
 T = TypeVar("T")
 
-__all__ = ["assign", "reassign"]
+__all__ = ["assign", "reassign", "reassign_by_count"]
 
 
 def _natural_order(shards: set[str]) -> list[str]:
@@ -218,6 +221,55 @@ def reassign(
     free.sort(key=rank)
     # A free shard never goes back to its previous member: it has no room left, or had none.
     return dict(_fill(others, room, free))
+
+
+def reassign_by_count(
+    buckets: Mapping[int, Sequence[str]],
+    held: Mapping[str, Collection[str]],
+    total: int,
+    shards: frozenset[str],
+    unowned: Collection[str],
+) -> dict[str, str]:
+    """``reassign()`` without reserved members, from the members grouped by previous count.
+
+    ``buckets[c]``: the ids, in order, of the members that previously held ``c`` shards (every
+    member to balance over is in exactly one bucket); ``held[member]`` their shards (all in
+    ``shards``); ``total`` the number of shards to share among them (``shards`` less the
+    reserved members' ones); ``unowned`` the shards of ``total`` no bucket member holds. The
+    result equals ``reassign(members, shards, held, unowned, reserved)`` for the same group.
+
+    Quotas are handed out as in ``_balance``: the ``extra`` "+1" quotas to the biggest holders,
+    smaller ids first, which is the buckets in descending count, each in id order. Within a
+    bucket of count ``c`` only the members whose quota is not ``c`` give or take shards, and
+    those are a prefix or a suffix of the bucket: in a settled group (counts q and q + 1) a
+    join touches a handful of members, whatever the group's size. Cost O(d log d + t + k log k)
+    for d distinct counts, t members touched and k shards that move.
+    """
+    n = sum(map(len, buckets.values()))
+    if not n:
+        return {}
+    quota, extra = divmod(total, n)
+    rank = _natural_rank(shards).__getitem__
+    free = list(unowned)
+    needy: list[tuple[str, int]] = []
+    for count in sorted(buckets, reverse=True):
+        ids = buckets[count]
+        plus = min(extra, len(ids))  # the first `plus` of this bucket may hold quota + 1
+        extra -= plus
+        if count == quota + 1:
+            touched = [(m, quota) for m in ids[plus:]]
+        elif count == quota:
+            touched = [(m, quota + 1) for m in ids[:plus]]
+        else:
+            touched = [(m, quota + 1) for m in ids[:plus]] + [(m, quota) for m in ids[plus:]]
+        for member, room in touched:
+            if count > room:  # an over-quota member keeps its naturally smallest shards
+                free.extend(sorted(held[member], key=rank)[room:])
+            else:
+                needy.append((member, room - count))
+    free.sort(key=rank)
+    needy.sort()
+    return dict(_fill([m for m, _ in needy], dict(needy), free))
 
 
 def _fill(

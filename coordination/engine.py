@@ -12,9 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from coordination.assignor import assign, reassign
+from coordination.assignor import assign, reassign, reassign_by_count
 from coordination.model import (
-    LIVE_STATUSES,
     Assignment,
     GroupPhase,
     GroupState,
@@ -668,9 +667,8 @@ def r1b_defer_rebalance(
     if state.rebalance_due_at is None:
         last = state.rebalanced_at
         recent = last is not None and now < deadline(last, window)
-        # Stops at the first other live member: not a walk over every member per join.
-        alone = joiner is not None and not any(
-            m.live and m is not joiner for m in state.members.values())
+        # From the roster: not a walk over every member per join.
+        alone = joiner is not None and state.live_ids() <= {joiner.member_id}
         if not (recent or alone):
             return None
     since = state.rebalance_deferred_at or now
@@ -707,51 +705,45 @@ def needs_full_state(
 
 def recompute_target(state: GroupState, reserve: Iterable[str] = ()) -> None:
     """The assignor's target for the live members at this group epoch. A settled target (every
-    targeted shard assignable) changes by `reassign`, which costs the shards that move; any
-    other target goes through `assign` over every shard. Both give the same result."""
+    targeted shard assignable) changes by `reassign_by_count`, from the roster the snapshot
+    keeps (members by target count), which costs the members and shards that move (issue
+    26.2); with members reserved beyond the temporarily left ones (R1s) by `reassign`, which
+    walks the members; any other target goes through `assign` over every shard. All three
+    give the same result."""
     if state.partial:
         raise RuntimeError("cannot recompute the target from a partial snapshot")
-    # One pass over the members (a join into 1,000 pays for each pass): the live ones, and
-    # (§9) the temporarily left among them, whose targets are reserved for their instanceId.
-    members: list[str] = []
-    reserved = set(reserve)
-    for m in state.members.values():
-        if m.status in LIVE_STATUSES:
-            members.append(m.member_id)
-            if m.status == MemberStatus.TEMPORARILY_LEFT:
-                reserved.add(m.member_id)
+    live = state.live_ids()
+    # (§9) the temporarily left members' targets are reserved for their instanceId.
+    reserved = state.reserved_ids() | (set(reserve) & live)
     assignable = s6_assignable_set(state)
     untargeted = state.untargeted()
     free = [s for s in untargeted if s in assignable]
-    if len(state.shards) - len(untargeted) == len(assignable) - len(free):
-        _move_targets(state, members, assignable, free, reserved)
-    else:  # some target is not assignable (drained, or a new version's slots): full pass
+    if len(state.shards) - len(untargeted) != len(assignable) - len(free):
+        # some target is not assignable (drained, or a new version's slots): full pass
         previous = {s.shard_id: s.target for s in state.shards.values() if s.target is not None}
-        target = assign(members, list(assignable), previous, reserved=reserved)
+        target = assign(list(live), list(assignable), previous, reserved=reserved)
         for shard_id, slot in state.shards.items():
             new = target.get(shard_id)
             if slot.target != new:
                 state.set_target(shard_id, new)
+    else:
+        orphaned = state.orphaned_targets()
+        targets = state.targets()
+        if reserved == state.reserved_ids():
+            total = len(assignable) - sum(len(targets.get(r, ())) for r in reserved)
+            moves = reassign_by_count(state.roster_buckets(), targets, total, assignable,
+                                      free + orphaned)
+        else:
+            # `targets` serves as `held`: reassign reads it for live members only.
+            moves = reassign(live, assignable, targets, free + orphaned, reserved=reserved)
+        for shard_id, member_id in moves.items():
+            state.set_target(shard_id, member_id)
+        for shard_id in orphaned:
+            if shard_id not in moves:  # nobody may take it (every member reserved)
+                state.set_target(shard_id, None)
     state.assignment_epoch = state.group_epoch
     state.rebalance_due_at = state.rebalance_deferred_at = None
-    state.emit("rebalanced", assignmentEpoch=state.assignment_epoch, members=len(members))
-
-
-def _move_targets(
-    state: GroupState, members: list[str], assignable: frozenset[str], free: list[str],
-    reserved: set[str],
-) -> None:
-    """Every targeted shard is assignable: the target changes only where `reassign` says."""
-    live = set(members)
-    targets = state.targets()
-    orphaned = [s for mid, shards in targets.items() if mid not in live for s in shards]
-    # `targets` serves as `held`: reassign reads it for live members only.
-    moves = reassign(members, assignable, targets, free + orphaned, reserved=reserved)
-    for shard_id, member_id in moves.items():
-        state.set_target(shard_id, member_id)
-    for shard_id in orphaned:
-        if shard_id not in moves:  # nobody may take it (every member reserved)
-            state.set_target(shard_id, None)
+    state.emit("rebalanced", assignmentEpoch=state.assignment_epoch, members=len(live))
 
 
 def _release_all(state: GroupState, member: Member) -> None:

@@ -8,9 +8,11 @@ home both sides share; member states and group phases are the coordinator's own.
 """
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 from dataplane.protocol import HTTP_STATUS, ErrorCode, RevokeState, Status
 
@@ -87,6 +89,18 @@ class Member:
     fenced_reason: str = ""
     fenced_by: str = ""
     instance_id: str | None = None  # §9: at most one live member per instanceId in a group
+    # The member table that holds this member: told when its status changes, so the group's
+    # roster of live members stays right without a walk (issue 26.2). Not a protocol field.
+    table: MemberTable | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "status":
+            table = getattr(self, "table", None)  # unset while __init__ runs
+            if table is not None:
+                object.__setattr__(self, name, value)
+                table.reclassify(self.member_id)
+                return
+        object.__setattr__(self, name, value)
 
     @property
     def live(self) -> bool:
@@ -133,6 +147,47 @@ class Changes:
         return not (self.group or self.members or self.shards or self.events)
 
 
+class MemberTable(dict[str, Member]):
+    """`GroupState.members`: a dict that files every member it takes in, gives up, or whose
+    status changes (`Member.__setattr__`) in its group's roster (`GroupState.reclassify`)."""
+
+    def __init__(self, state: GroupState, members: dict[str, Member]) -> None:
+        super().__init__()
+        self.state = state
+        for mid, member in members.items():
+            self[mid] = member
+
+    def __setitem__(self, member_id: str, member: Member) -> None:
+        old = dict.get(self, member_id)
+        if old is not None and old is not member:
+            old.table = None
+        dict.__setitem__(self, member_id, member)
+        member.table = self
+        self.state.reclassify(member_id)
+
+    def __delitem__(self, member_id: str) -> None:
+        member = dict.pop(self, member_id)
+        member.table = None
+        self.state.reclassify(member_id)
+
+    def pop(self, member_id: str, *default: Any) -> Any:
+        if member_id in self:
+            member = dict.__getitem__(self, member_id)
+            del self[member_id]
+            return member
+        if default:
+            return default[0]
+        raise KeyError(member_id)
+
+    def reclassify(self, member_id: str) -> None:
+        self.state.reclassify(member_id)
+
+    def _unsupported(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("GroupState.members changes one member at a time (it keeps the roster)")
+
+    update = setdefault = popitem = clear = __ior__ = _unsupported
+
+
 @dataclass
 class GroupState:
     name: str
@@ -168,8 +223,20 @@ class GroupState:
         self._untargeted: set[str] = set()
         # §6 assignable set, kept while no slot's drain or parents change (engine.s6_assignable_set).
         self.assignable_cache: frozenset[str] | None = None
+        # The roster (issue 26.2): live members, temporarily left ones, and the target count of
+        # every member the assignor balances over ("sharing": live, not temporarily left),
+        # kept by the member table and the slot index so a recompute reads it without a walk.
+        self._live: set[str] = set()
+        self._reserved: set[str] = set()
+        self._count: dict[str, int] = {}
+        self._orphaned_by: set[str] = set()  # not live (or gone) yet some slot targets them
+        # `_count` grouped by count, ids in order; brought up to date when read (roster_buckets).
+        self._buckets: dict[int, list[str]] = {}
+        self._placed: dict[str, int] = {}
+        self._unplaced: set[str] = set()
         for slot in self.shards.values():
             self._index(slot)
+        self.members = MemberTable(self, self.members)
 
     # -- indexes ---------------------------------------------------------------------------
     def _index(self, slot: ShardSlot) -> None:
@@ -178,6 +245,7 @@ class GroupState:
             bucket.setdefault(slot.owner, set()).add(slot.shard_id)
         if slot.target is not None:
             self._target.setdefault(slot.target, set()).add(slot.shard_id)
+            self._target_count_changed(slot.target)
         else:
             self._untargeted.add(slot.shard_id)
 
@@ -187,8 +255,80 @@ class GroupState:
             bucket.get(slot.owner, set()).discard(slot.shard_id)
         if slot.target is not None:
             self._target.get(slot.target, set()).discard(slot.shard_id)
+            self._target_count_changed(slot.target)
         else:
             self._untargeted.discard(slot.shard_id)
+
+    # -- roster ----------------------------------------------------------------------------
+    def reclassify(self, member_id: str) -> None:
+        """The member table changed this id's member or its status: file it again."""
+        m = dict.get(self.members, member_id)
+        live = m is not None and m.status in LIVE_STATUSES
+        reserved = live and m is not None and m.status == MemberStatus.TEMPORARILY_LEFT
+        (self._live.add if live else self._live.discard)(member_id)
+        (self._reserved.add if reserved else self._reserved.discard)(member_id)
+        sharing = live and not reserved
+        if sharing != (member_id in self._count):
+            if sharing:
+                self._count[member_id] = len(self._target.get(member_id, ()))
+            else:
+                del self._count[member_id]
+            self._unplaced.add(member_id)
+        self._check_orphaned(member_id)
+
+    def _target_count_changed(self, member_id: str) -> None:
+        if member_id in self._count:
+            self._count[member_id] = len(self._target[member_id])
+            self._unplaced.add(member_id)
+        else:
+            self._check_orphaned(member_id)
+
+    def _check_orphaned(self, member_id: str) -> None:
+        if member_id not in self._live and self._target.get(member_id):
+            self._orphaned_by.add(member_id)
+        else:
+            self._orphaned_by.discard(member_id)
+
+    def live_ids(self) -> set[str]:
+        """Ids of the live members, temporarily left ones included (read only)."""
+        return self._live
+
+    def reserved_ids(self) -> set[str]:
+        """Ids of the temporarily left members (§9), whose targets are kept (read only)."""
+        return self._reserved
+
+    def orphaned_targets(self) -> list[str]:
+        """Shards targeted at a member that is no longer live."""
+        return [s for mid in self._orphaned_by for s in self._target[mid]]
+
+    def roster_buckets(self) -> dict[int, list[str]]:
+        """Target count → ids (in order) of the members the assignor balances over: live and
+        not temporarily left (read only). Members whose count changed since the last read are
+        moved now: one by one when few did, else every bucket is rebuilt (a big recompute)."""
+        unplaced = self._unplaced
+        if len(unplaced) > 256:
+            buckets: dict[int, list[str]] = {}
+            for mid, count in self._count.items():
+                buckets.setdefault(count, []).append(mid)
+            for ids in buckets.values():
+                ids.sort()
+            self._buckets, self._placed = buckets, dict(self._count)
+        else:
+            for mid in unplaced:
+                was, now = self._placed.get(mid), self._count.get(mid)
+                if was == now:
+                    continue
+                if was is not None:
+                    ids = self._buckets[was]
+                    del ids[bisect_left(ids, mid)]
+                    if not ids:
+                        del self._buckets[was]
+                    del self._placed[mid]
+                if now is not None:
+                    insort(self._buckets.setdefault(now, []), mid)
+                    self._placed[mid] = now
+        unplaced.clear()
+        return self._buckets
 
     def granted_to(self, member_id: str) -> set[str]:
         return self._granted.get(member_id, set())

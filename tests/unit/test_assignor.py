@@ -21,7 +21,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordination.assignor import assign, reassign
+from coordination.assignor import assign, reassign, reassign_by_count
 
 # deadline=None: per-example timings swing on slow shared boxes; speed is bench/assignor.py's job.
 PROPERTY = settings(max_examples=200, deadline=None)
@@ -371,4 +371,47 @@ def test_reassign_follows_assign_through_join_and_leave_sequences(m, n, ops) -> 
         expected = assign(members, shards, target)
         target = {**{s: o for s, o in target.items() if o in held},
                   **reassign(members, frozenset(shards), held, unowned)}
+        assert target == expected
+
+
+@PROPERTY
+@given(scenarios(), st.data())
+def test_i26_2_reassign_by_count_gives_reassigns_moves_from_members_grouped_by_count(scenario, data) -> None:
+    """Issue 26.2: the roster form (members grouped by previous count, each group in id order)
+    gives exactly `reassign`'s moves, reserved members (§9) left out of the buckets and their
+    shards out of the total; so the same guarantees as `assign` (balance, minimal movement,
+    stickiness, determinism) hold for it."""
+    members, shards, previous = scenario
+    reserved = set(data.draw(st.lists(st.sampled_from(members), unique=True) if members else st.just([])))
+    held = {m: {s for s in shards if previous.get(s) == m} for m in members}
+    unowned = [s for s in shards if previous.get(s) not in held]
+    expected = reassign(members, frozenset(shards), held, unowned, reserved=reserved)
+    buckets: dict[int, list[str]] = {}
+    for m in sorted(set(members) - reserved):
+        buckets.setdefault(len(held[m]), []).append(m)
+    total = len(shards) - sum(len(held[r]) for r in reserved)
+    assert reassign_by_count(buckets, held, total, frozenset(shards), unowned) == expected
+
+
+@SEQUENCE
+@given(st.integers(1, 80), st.integers(1, 12), st.lists(st.integers(0, 3), min_size=1, max_size=12))
+def test_i26_2_reassign_by_count_follows_assign_through_joins_and_leaves(m, n, ops) -> None:
+    """Settled targets changed by one or several members at a time: the roster form keeps
+    `assign`'s target at every step."""
+    shards = [f"orders:1:{i}" for i in range(m)]
+    members = [f"w{i}" for i in range(n)]
+    target = assign(members, shards, {})
+    for step, op in enumerate(ops):
+        if op or len(members) == 1:
+            members.extend(f"j{step}.{k}" for k in range(op or 1))
+        else:
+            members.pop(step % len(members))
+        held = {mb: {s for s, o in target.items() if o == mb} for mb in members}
+        unowned = [s for s, o in target.items() if o not in held]
+        buckets: dict[int, list[str]] = {}
+        for mb in sorted(members):
+            buckets.setdefault(len(held[mb]), []).append(mb)
+        expected = assign(members, shards, target)
+        target = {**{s: o for s, o in target.items() if o in held},
+                  **reassign_by_count(buckets, held, m, frozenset(shards), unowned)}
         assert target == expected
