@@ -1,0 +1,207 @@
+"""Issue 24.7: the shell and Python blocks of README.md, dataplane/README.md, docs/OPERATING.md
+and docs/SECURITY.md marked `<!-- docs-test: run: tests/integration/test_docs_blocks_run.py -->`
+run here, read from the docs themselves, against a real stack: a fresh PostgreSQL database
+migrated by `manage.py migrate`, real gunicorn with the shipped config, and Redis; the commands
+find their settings through RSC_ENV_FILE as an operator's would (the bootstrap's own blocks run
+in test_bootstrap.py).
+
+What a block may not know is put in, and the marker says so: the test's port and Redis for
+`127.0.0.1:8000`/`coordinator:8000` and `127.0.0.1:6379/0`/`redis:6379/0`; the keys the doc's
+own create_api_key lines printed for GROUP-KEY/STREAM-KEY (and $GROUP_KEY, $STREAM_KEY,
+$RSC_API_KEY in the environment); a real key prefix for rsc_AbCdEfGh; member m-7f3a joins by a
+heartbeat before the block that fences it. A block that consumes until stopped gets SIGTERM once
+its member joined, and must then leave the group and exit 0."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from django.db import connection
+
+from .conftest import ROOT, free_port
+
+pytestmark = [pytest.mark.needs_postgres, pytest.mark.slow]
+
+THIS = "tests/integration/test_docs_blocks_run.py"
+_FENCE = re.compile(r"^( *)<!-- docs-test: run: (\S+)[^\n]*-->\n *```(sh|python)\n(.*?)^ *```", re.M | re.S)
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def run_blocks(doc: str) -> list[tuple[str, str]]:
+    """(language, code) of each block of `doc` whose marker names this test, in order."""
+    found = []
+    for m in _FENCE.finditer((ROOT / doc).read_text()):
+        if m.group(2) == THIS:
+            found.append((m.group(3), re.sub(rf"^{m.group(1)}", "", m.group(4), flags=re.M)))
+    return found
+
+
+def _server_url(name: str) -> str:
+    s = connection.settings_dict
+    return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{name}"
+
+
+@dataclass
+class Stack:
+    url: str
+    env: dict[str, str]
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def put_in(self, code: str) -> str:
+        for host in ("http://127.0.0.1:8000", "http://coordinator:8000"):
+            code = code.replace(host, self.url)
+        for redis_url in ("redis://127.0.0.1:6379/0", "redis://redis:6379/0"):
+            code = code.replace(redis_url, REDIS_URL)
+        code = code.replace('"GROUP-KEY"', repr(self.keys.get("group", "")))
+        code = code.replace('"STREAM-KEY"', repr(self.keys.get("stream", "")))
+        return code.replace("rsc_AbCdEfGh", self.keys.get("stream", "")[:12])
+
+    def block_env(self) -> dict[str, str]:
+        return {**self.env, "GROUP_KEY": self.keys.get("group", ""), "STREAM_KEY": self.keys.get("stream", ""),
+                "RSC_API_KEY": self.keys.get("group", ""),
+                "PATH": f"{Path(sys.executable).parent}:{self.env.get('PATH', '')}"}
+
+    def sh(self, code: str) -> str:
+        done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", self.put_in(code)], cwd=ROOT,
+                              env=self.block_env(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{code}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+        assert "Traceback" not in done.stderr, done.stderr
+        return done.stdout
+
+    def create(self) -> str:
+        """README's first "Using it" block: stream orders, group billing and three keys."""
+        out = self.sh(run_blocks("README.md")[0][1])
+        keys = re.findall(r"^(rsc_\S{20,})$", out, flags=re.M)
+        assert len(keys) == 3, out
+        self.keys = {"group": keys[0], "stream": keys[1], "admin": keys[2]}
+        return out
+
+    def members(self) -> list[dict]:
+        r = httpx.get(f"{self.url}/api/v1/groups/billing", headers={"Authorization": f"Bearer {self.keys['group']}"},
+                      timeout=5)
+        return r.json().get("members", []) if r.status_code == 200 else []
+
+    def consume_until_joined(self, code: str) -> subprocess.CompletedProcess[str]:
+        """Run a Python block that consumes until stopped: SIGTERM once its member joined."""
+        proc = subprocess.Popen([sys.executable, "-c", self.put_in(code)], cwd=ROOT, env=self.block_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not self.members() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)  # poll interval of a deadline loop
+            joined = bool(self.members())
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+        assert joined, f"the block's member never joined\n{code}\n{err}"
+        assert proc.returncode == 0, f"{code}\n--- stderr\n{err}"
+        assert "Traceback" not in err, err
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    name = f"rsc_docs_{uuid.uuid4().hex[:8]}"
+    admin = _server_url("postgres").replace("postgres://", "postgresql://")
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    port = free_port()
+    env_file = tmp_path / "coordinator.env"
+    env_file.write_text("\n".join([
+        "SECRET_KEY=" + uuid.uuid4().hex * 2, f"DATABASE_URL={_server_url(name)}", f"REDIS_URL={REDIS_URL}",
+        f"BIND=127.0.0.1:{port}", "",
+    ]))
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"SECRET_KEY", "DATABASE_URL", "DEBUG", "DJANGO_SETTINGS_MODULE", "CELERY_NAMESPACE"}}
+    env["RSC_ENV_FILE"] = str(env_file)
+    web = None
+    try:
+        done = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        web = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py",
+                                "coordinator_project.wsgi"], cwd=ROOT, env=env, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        up = False
+        while not up and time.monotonic() < deadline:
+            assert web.poll() is None, web.stderr.read() if web.stderr else ""
+            try:
+                up = httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                time.sleep(0.1)  # poll interval of a deadline loop
+        assert up, "gunicorn never answered /healthz"
+        yield Stack(url, env)
+    finally:
+        if web is not None:
+            os.killpg(web.pid, signal.SIGTERM)
+            try:
+                web.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(web.pid, signal.SIGKILL)
+                web.wait(5)
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_i24_7_readme_blocks_run_as_printed(stack: Stack):
+    blocks = run_blocks("README.md")
+    assert [lang for lang, _ in blocks] == ["sh", "sh", "python"]
+    stack.create()
+    # A member for fence_member to fence (the block's m-7f3a).
+    r = httpx.post(f"{stack.url}/api/v1/groups/billing/heartbeat", json={"memberId": "m-7f3a", "memberEpoch": 0},
+                   headers={"Authorization": f"Bearer {stack.keys['group']}"}, timeout=10)
+    assert r.status_code == 200, r.text
+    out = stack.sh(blocks[1][1])
+    assert '"memberId": "m-7f3a"' in out  # list_members --json
+    assert "rsc_" in out.splitlines()[0] or "PREFIX" in out.splitlines()[0]  # list_api_keys' header or a row
+    assert "billing" in out
+    # The Python member, on a group made anew by the first block (the second deleted it).
+    stack.create()
+    stack.consume_until_joined(blocks[2][1])
+    assert stack.members() == []  # it left the group when stopped
+
+
+def test_i24_7_dataplane_readme_blocks_run_as_printed(stack: Stack):
+    blocks = run_blocks("dataplane/README.md")
+    assert [lang for lang, _ in blocks] == ["python", "sh", "python"]
+    stack.create()
+    # Consumer until SIGTERM, then the Producer sends three messages.
+    stack.consume_until_joined(blocks[0][1])
+    out = stack.sh(blocks[1][1])  # route, produce (argument and stdin), dlq list
+    assert '"redisKey"' in out
+    assert out.count('"sent"') == 1 or '"shard"' in out
+    python = subprocess.run([sys.executable, "-c", stack.put_in(blocks[2][1])], cwd=ROOT, env=stack.block_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert python.returncode == 0, python.stderr
+    assert "Traceback" not in python.stderr
+
+
+def test_i24_7_security_and_operating_blocks_run_as_printed(stack: Stack):
+    security = run_blocks("docs/SECURITY.md")
+    operating = run_blocks("docs/OPERATING.md")
+    assert [lang for lang, _ in security] == ["sh"]
+    assert [lang for lang, _ in operating] == ["sh"]
+    stack.create()
+    out = stack.sh(security[0][1])  # keys: create, list, rotate and revoke the producer key
+    assert out.count("shown once") >= 2
+    out = stack.sh(operating[0][1])  # housekeeping: list, ensure consumer groups, delete
+    assert '"orders"' in out
+    done = subprocess.run([sys.executable, "manage.py", "list_streams"], cwd=ROOT, env=stack.env,
+                          capture_output=True, text=True, timeout=120)
+    assert "orders" not in done.stdout  # delete_stream removed it
