@@ -36,6 +36,9 @@ class ReleasingWSGIHandler(WSGIHandler):
     def get_response(self, request: HttpRequest) -> HttpResponseBase:
         response = super().get_response(request)
         # Appended after Django's request.close; close() clears the list, which also ends the
-        # cycle this partial makes through the response.
-        response._resource_closers.append(functools.partial(release_cycles, request, response))
+        # cycle this partial makes through the response. `_resource_closers` is Django's own
+        # list (HttpResponseBase.close runs it); django-stubs does not declare it.
+        response._resource_closers.append(  # type: ignore[attr-defined]
+            functools.partial(release_cycles, request, response)
+        )
         return response

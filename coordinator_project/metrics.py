@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import collections
 import hmac
 import logging
 import os
@@ -126,7 +127,7 @@ class _HeartbeatTally:
                     value.inc(n)
 
 
-_TALLY = PROCESS.own(
+_TALLY: _HeartbeatTally = PROCESS.own(
     "heartbeat tally", _HeartbeatTally(),
     "Heartbeat counts and latencies not yet in the metrics. key: (group, code, path) -> count,"
     " plus latency buckets; bound: one entry per label set, folded every FOLD_PERIOD_S;"
@@ -155,7 +156,7 @@ def record_heartbeat(group: str, data: Any, body: Any, seconds: float, path: str
     code = str(body.get("errorCode") or ErrorCode.NONE)
     _TALLY.add((code, str(body.get("status") or ""), path), seconds)
     if code != ErrorCode.NONE:
-        held = 0
+        held: int | None = 0
         if code in _THROTTLED_CODES:  # a flood of bad keys or joins must not flood the log
             held = REFUSAL_LOG_THROTTLE.allow(code)
             if held is None:
@@ -187,8 +188,8 @@ class StateCollector(Collector):
         members = GaugeMetricFamily("rsc_group_members", "Members of a group by state.", labels=["group", "state"])
         counts = member_selectors.status_counts()
         for g in groups:
-            for s in MemberStatus:
-                members.add_metric([g.name, s.value], counts.get((g.name, s.value), 0))
+            for status in MemberStatus:
+                members.add_metric([g.name, status.value], counts.get((g.name, status.value), 0))
         yield members
 
         per_group = assignment_selectors.shard_counts_by_group()
@@ -201,8 +202,8 @@ class StateCollector(Collector):
         )
         for g in groups:
             row = per_group.get(g.name, {})
-            for s in _SHARD_STATES:
-                shards.add_metric([g.name, s], row.get(f"n_{s}", 0))
+            for shard_state in _SHARD_STATES:
+                shards.add_metric([g.name, shard_state], row.get(f"n_{shard_state}", 0))
             pending.add_metric([g.name], row.get("n_pending", 0))
         yield shards
         yield pending
@@ -222,10 +223,10 @@ class StateCollector(Collector):
             "rsc_stream_resharding_state", "1 for the stream's current resharding state.", labels=["stream", "state"]
         )
         write_version = GaugeMetricFamily("rsc_stream_write_version", "Write version of a stream.", labels=["stream"])
-        for s in streams:
+        for stream in streams:
             for state in StreamState:
-                resharding.add_metric([s.name, state.value], 1 if s.state == state else 0)
-            write_version.add_metric([s.name], s.write_version)
+                resharding.add_metric([stream.name, state.value], 1 if stream.state == state else 0)
+            write_version.add_metric([stream.name], stream.write_version)
         yield resharding
         yield write_version
 
@@ -233,9 +234,9 @@ class StateCollector(Collector):
             "rsc_stream_versions", "Shard versions of a stream by state.", labels=["stream", "state"]
         )
         vcounts = group_selectors.version_counts()
-        for s in streams:
-            for state in VersionState:
-                versions.add_metric([s.name, state.value], vcounts.get((s.name, state.value), 0))
+        for stream in streams:
+            for version_state in VersionState:
+                versions.add_metric([stream.name, version_state.value], vcounts.get((stream.name, version_state.value), 0))
         yield versions
 
         undrained = GaugeMetricFamily(
@@ -269,7 +270,7 @@ def _liveness_families(groups: list[Group], now: datetime) -> Iterator[GaugeMetr
     )
     counts = member_selectors.liveness_by_group(now)
     for g in groups:
-        mine = counts.get(g.pk, {})
+        mine: collections.Counter[Liveness] = counts.get(g.pk, collections.Counter())
         for state in Liveness:
             fam.add_metric([g.name, state.value], mine.get(state, 0))
     yield fam

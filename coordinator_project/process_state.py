@@ -57,7 +57,7 @@ def _default(thing: Any, *names: str) -> Callable[[], None]:
     for name in names:
         method = getattr(thing, name, None)
         if callable(method):
-            return method  # type: ignore[no-any-return]
+            return method
     return lambda: None
 
 

@@ -143,7 +143,7 @@ if _default["ENGINE"].endswith("postgresql"):
     # Liveness-only writes (steady-state heartbeats) go through a second connection whose
     # commits do not wait for fsync: losing a last-seen stamp in a crash costs nothing, and
     # fsync stalls here reach hundreds of ms. Ownership changes stay on "default".
-    _liveness = dict(_default)
+    _liveness = _default.copy()  # a DBConfig (dj_database_url), as DATABASES holds
     # Server-side binding + prepare_threshold let psycopg prepare the steady-state statement
     # after a few runs: planning it cost ~0.6 ms of ~0.85 ms per heartbeat (bench/heartbeat.py).
     # enable_seqscan=off (issue 11.5): this connection runs only the steady path's statements,

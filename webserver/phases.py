@@ -8,7 +8,7 @@ import socket
 import time
 from typing import Any
 
-import gevent  # type: ignore[import-untyped]
+import gevent
 
 
 class Phase(enum.Enum):

@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-import gevent  # type: ignore[import-untyped]
+import gevent
 from gunicorn.workers.ggevent import GeventWorker  # type: ignore[import-untyped]
 
 from dataplane.protocol import ErrorCode
@@ -170,7 +170,9 @@ class GuardedGeventWorker(GeventWorker):
         conn = connections.get(gevent.getcurrent())
         if conn is not None:
             conn.enter(Phase.IDLE if conn.served else Phase.READING)
-        with gevent.Timeout(self.cfg.keepalive, False):
+        # False: the timeout ends the block silently (gevent's documented form; types-gevent
+        # only admits an exception).
+        with gevent.Timeout(self.cfg.keepalive, False):  # type: ignore[arg-type]
             yield
         if conn is not None:
             conn.enter(Phase.BODY)

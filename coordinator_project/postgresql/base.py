@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gevent
+from django.db.backends.base.base import NO_DB_ALIAS
 from django.db.backends.postgresql import base
 from psycopg import Connection
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -111,10 +113,15 @@ class FailFastPool(ConnectionPool[Connection[Any]]):
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
+    # Django's own (5.1+: the per-alias pools, the set-up run on each new connection), which
+    # django-stubs 5.2 does not declare. Annotations only: nothing is shadowed at run time.
+    _connection_pools: dict[str, FailFastPool]  # every pooled alias runs this backend (settings)
+    _configure_connection: Callable[[Connection[Any]], None]
+
     @property
-    def pool(self) -> FailFastPool | None:  # type: ignore[override]
+    def pool(self) -> FailFastPool | None:
         pool_options = self.settings_dict["OPTIONS"].get("pool")
-        if self.alias == base.NO_DB_ALIAS or not pool_options:
+        if self.alias == NO_DB_ALIAS or not pool_options:
             return None
         if self.alias not in self._connection_pools:
             # As Django's own (django.db.backends.postgresql.base), with FailFastPool.
@@ -128,6 +135,6 @@ class DatabaseWrapper(base.DatabaseWrapper):
                 **({} if pool_options is True else pool_options),
             )
             self._connection_pools.setdefault(self.alias, pool)
-        return self._connection_pools[self.alias]  # type: ignore[no-any-return]
+        return self._connection_pools[self.alias]
 
 
