@@ -7,7 +7,7 @@ the group is paused (§11; a pause is a locked write, so it raises state_version
 and every process's next steady answer sees it). Two ways to
 answer it, both exact, both falling back to the locked path whenever a condition fails:
 
-1. From this process's snapshot of the group (`assignments.store`), when one read of the
+1. From this process's snapshot of the group (`assignments.snapshot_cache`), when one read of the
    group row shows that the snapshot is the committed state (same state_version, raised by
    every locked write; same metadata epochs). The core itself answers on the snapshot, and
    the answer is used only if the core changed nothing but the member's last-seen and last
@@ -33,7 +33,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -42,10 +42,14 @@ from django.conf import settings
 from django.db import DatabaseError, connections
 from prometheus_client import Gauge
 
-from assignments import store
+from assignments import snapshot_cache
+from assignments.answers import SteadyAnswer
 from assignments.models import ShardAssignment
+from assignments.rows import GENERATION_SQL
 from coordination import engine
 from coordination.model import HeartbeatRequest, HeartbeatResponse, MemberStatus
+from coordination.steady import eligible as eligible  # services asks fastpath.eligible
+from coordination.steady import steady_answer, steady_report
 from coordinator_project import dbpool
 from coordinator_project.process_state import PROCESS, ProcessCache
 from dataplane.protocol import Status
@@ -96,43 +100,49 @@ WITH me AS (
     SELECT m.{_c(MemberRow, "id")} AS id, g.{_c(Group, "assignment_epoch")} AS assignment_epoch,
            g.{_c(Group, "heartbeat_interval_ms")} AS heartbeat_interval_ms,
            g.{_c(Group, "metadata_epoch")} AS metadata_epoch,
-           g.{_c(Group, "paused_at")} IS NOT NULL AS paused
+           g.{_c(Group, "paused_at")} IS NOT NULL AS paused                          -- §11: PAUSED, not OK
       FROM {_G} AS g
-      JOIN {_M} AS m ON m.{_c(MemberRow, "group")} = g.{_c(Group, "id")} AND m.{_c(MemberRow, "member_id")} = %s
+      JOIN {_M} AS m ON m.{_c(MemberRow, "group")} = g.{_c(Group, "id")}
+                    AND m.{_c(MemberRow, "member_id")} = %s                          -- R8: a member of this group
      WHERE g.{_c(Group, "name")} = %s
-       AND m.{_c(MemberRow, "status")} {_SAME} %s
-       AND m.{_c(MemberRow, "member_epoch")} = %s
-       AND g.{_c(Group, "assignment_epoch")} = m.{_c(MemberRow, "member_epoch")}
-       AND g.{_c(Group, "metadata_epoch")} = %s
-       AND (g.{_c(Group, "rebalance_due_at")} IS NULL OR g.{_c(Group, "rebalance_due_at")} > %s)  -- R1b: none due
+       AND m.{_c(MemberRow, "status")} {_SAME} %s                                   -- R8/R6: STABLE (nothing pending, revoking or removed)
+       AND m.{_c(MemberRow, "member_epoch")} = %s                                   -- R3: the member's current epoch
+       AND g.{_c(Group, "assignment_epoch")} = m.{_c(MemberRow, "member_epoch")}   -- R6: no epoch to advance to
+       AND g.{_c(Group, "metadata_epoch")} = %s                                     -- R7: current metadata, else SYNC_METADATA
+       AND (g.{_c(Group, "rebalance_due_at")} IS NULL OR g.{_c(Group, "rebalance_due_at")} > %s)  -- R1b: no recompute due
 ), granted AS (
+    -- R6 answer: the shards granted to the member (owned, not revoking), in the core's order.
+    -- A STABLE member at the assignment epoch holds exactly its target (R6 leaves it PENDING
+    -- or REVOKING otherwise), so nothing is pending or revoking.
     SELECT COALESCE(array_agg(s.{_c(Shard, "shard_id")}::text
                               ORDER BY s.{_c(Shard, "version")}, s.{_c(Shard, "index")}), '{{}}') AS shards
       FROM me
       JOIN {_A} AS a ON a.{_c(ShardAssignment, "owner")} = me.id AND NOT a.{_c(ShardAssignment, "revoking")}
       JOIN {_S} AS s ON s.{_c(Shard, "id")} = a.{_c(ShardAssignment, "shard")}
 ), stamped AS (
+    -- The heartbeat's only effect: last-seen (L1) and, when sent, the last report (R3).
     -- Re-checked on the row's newest version, so a concurrent sweep or fence wins.
     UPDATE {_M} AS m
        SET {_c(MemberRow, "last_heartbeat_at")} = %s,
            {_c(MemberRow, "last_reported_owned")} = COALESCE(%s::jsonb, m.{_c(MemberRow, "last_reported_owned")})
       FROM me, granted
      WHERE m.{_c(MemberRow, "id")} = me.id
-       AND m.{_c(MemberRow, "status")} {_SAME} %s
-       AND m.{_c(MemberRow, "member_epoch")} = %s
-       AND (%s::text[] IS NULL OR %s::text[] <@ granted.shards)
+       AND m.{_c(MemberRow, "status")} {_SAME} %s                                   -- R8/L1/L2: still STABLE
+       AND m.{_c(MemberRow, "member_epoch")} = %s                                   -- R3: still that epoch
+       AND (%s::text[] IS NULL OR %s::text[] <@ granted.shards)                      -- R4/C6: claims only granted shards
     RETURNING m.{_c(MemberRow, "id")}
 )
+-- No row: some clause failed, and the locked path decides (and answers any refusal).
 SELECT me.assignment_epoch, me.heartbeat_interval_ms, me.metadata_epoch, granted.shards, me.paused
   FROM stamped, me, granted
 """
 
 # What proves a snapshot current: one indexed read of the group and its stream row (after
-# the id and state_version, the columns of store._shape, in its order).
+# the id and state_version, the columns of snapshot_cache._shape, in its order).
 _VERSION_SQL = f"""
 SELECT g.{_c(Group, "id")}, g.{_c(Group, "state_version")}, g.{_c(Group, "created_at")},
        g.{_c(Group, "stream")}, g.{_c(Group, "metadata_epoch")}, st.{_c(Stream, "metadata_epoch")},
-       g.{_c(Group, "deletion_epoch")}, {store.GENERATION_SQL}
+       g.{_c(Group, "deletion_epoch")}, {GENERATION_SQL}
   FROM {_G} AS g JOIN {_ST} AS st ON st.{_c(Stream, "id")} = g.{_c(Group, "stream")}
  WHERE g.{_c(Group, "name")} = %s
 """
@@ -182,28 +192,10 @@ _refreshed: ProcessCache[int, float] = PROCESS.own(
 )
 
 
-@dataclass(frozen=True)
-class SteadyAnswer:
-    response: HeartbeatResponse
-    metadata_epoch: int
-    # What the shell derives from a memoized answer once, for every time it is given again
-    # (services.response_body: the wire body and its rendered bytes).
-    derived: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
-
-
 def available() -> bool:
     """PostgreSQL with the liveness connection, and not switched off (RSC_FAST_PATH=False
     forces every heartbeat through the locked core path, e.g. to compare the two)."""
     return "liveness" in connections.databases and getattr(settings, "RSC_FAST_PATH", True)
-
-
-def eligible(req: HeartbeatRequest) -> bool:
-    return (
-        req.member_epoch > 0
-        and req.metadata_epoch is not None
-        and not req.revoking_shards
-        and not req.drained_shards
-    )
 
 
 def _liveness_query(sql: str, params: tuple | list) -> tuple | None:
@@ -367,13 +359,13 @@ _GROUP_READS = PROCESS.own(
 def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
     """The core's answer to a steady heartbeat without the group lock, or None (locked path)."""
     try:
-        if store.snapshots_enabled() and STAMP_PERIOD > 0:
+        if snapshot_cache.snapshots_enabled() and STAMP_PERIOD > 0:
             row = _GROUP_READS.read(group)
             if row is None:
                 return None  # no such group: the locked path answers
             group_pk, version, shape = row[0], row[1], tuple(row[2:])
             PROCESS.observe_generation(row[-1])  # a restore: everything cached here is dropped
-            snap = store.steady_snapshot(group_pk, version, shape)
+            snap = snapshot_cache.steady_snapshot(group_pk, version, shape)
             if snap is not None:
                 return _from_snapshot(group_pk, snap, req, now)
             answer = _by_statement(group, req, now)
@@ -381,7 +373,7 @@ def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> Steady
             # heartbeats keep this process's snapshot current anyway.
             if time.monotonic() - _refreshed.get(group_pk, 0.0) > 1.0:
                 _refreshed[group_pk] = time.monotonic()
-                store.refresh_snapshot(group)
+                snapshot_cache.refresh_snapshot(group)
             return answer
         return _by_statement(group, req, now)
     except DatabaseError:
@@ -402,20 +394,20 @@ class _Steady:
     report: str | None  # the ownedShards report as the column stores it; None: not sent
 
 
-def _from_snapshot(group_pk: int, snap: store.Snapshot, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
+def _from_snapshot(group_pk: int, snap: snapshot_cache.Snapshot, req: HeartbeatRequest,
+                   now: datetime) -> SteadyAnswer | None:
     # Nothing here may yield to another greenlet (gevent workers): while this request holds
     # the snapshot checked out, the worker's other heartbeats find none and take the slower
     # statement path. So the stamp is queued only after the snapshot is back.
     state = snap.state
-    keep = True
     fresh = False  # computed here, not taken from the memo
     steady: _Steady | None = None
     try:
-        # The same request on the same committed state gets the same answer: the core is a
-        # function of the two, and nothing in a steady answer depends on `now` but R1b's due
+        # The same request on the same committed state gets the same answer: the decision is
+        # a function of the two, and nothing in a steady answer depends on `now` but R1b's due
         # time, checked here each time. The memo is emptied by any locked pass on the snapshot
-        # (store.load_for_heartbeat); a heartbeat's own effect, the member's last-seen, is
-        # what the stamp below writes.
+        # (snapshot_cache.load_for_heartbeat); a heartbeat's own effect, the member's
+        # last-seen, is what the stamp below writes.
         key = (req.member_id, req.member_epoch, req.metadata_epoch, req.owned_shards)
         steady = snap.steady.get(key)
         if steady is not None:
@@ -423,40 +415,21 @@ def _from_snapshot(group_pk: int, snap: store.Snapshot, req: HeartbeatRequest, n
                 steady = None
                 return None  # R1b: a recompute is due: the locked path runs it
             return steady.answer
-        member = state.members.get(req.member_id)
-        granted = state.granted_to(req.member_id)
-        if not (
-            member is not None
-            and member.status == MemberStatus.STABLE
-            and member.member_epoch == req.member_epoch == state.assignment_epoch
-            and req.metadata_epoch == state.metadata_epoch
-            and set(req.owned_shards or ()) <= granted
-            and state.target_of(req.member_id) == granted
-            and not state.revoking_from(req.member_id)
-            and (state.rebalance_due_at is None or now < state.rebalance_due_at)  # R1b: none due
-        ):
-            return None  # the core would change ownership or refuse: the locked path decides
-        reported = member.last_reported_owned
-        response = engine.heartbeat(state, req, now)
-        changes = state.changes
-        steady_status = Status.PAUSED if state.paused_at is not None else Status.OK  # §11
-        if (response.status != steady_status or response.full_metadata or changes.group or changes.shards
-                or changes.events or changes.members != {req.member_id}):
-            keep = False  # not a liveness-only answer after all: forget the snapshot
+        # The core's answer if the heartbeat changes nothing but liveness, decided without
+        # changing the shared snapshot (coordination.steady); else the locked path decides.
+        response = steady_answer(state, req, now)
+        if response is None:
             return None
-        report = None if req.owned_shards is None else json.dumps(member.last_reported_owned)
-        member.last_reported_owned = reported  # the snapshot keeps what a full load reads
+        report = steady_report(req)
         steady = _Steady(SteadyAnswer(response, state.metadata_epoch), snap.loaded.member_pk[req.member_id],
-                         member.member_epoch, report)
+                         req.member_epoch, None if report is None else json.dumps(report))
         fresh = True
         if len(snap.steady) >= _MEMO_MAX:
             snap.steady.clear()
         snap.steady[key] = steady
         return steady.answer
     finally:
-        state.changes.members.clear()
-        if keep:
-            store.return_snapshot(group_pk, snap)
+        snapshot_cache.return_snapshot(group_pk, snap)
         if steady is not None:
             if fresh and steady.report is not None:
                 # The first answer to this report on this committed state: the report may be

@@ -7,7 +7,7 @@ from typing import Any
 from django.db.models import Count, F, Q
 
 from assignments.models import ShardAssignment
-from assignments.store import load_state
+from assignments.rows import load_state
 from coordination.model import GroupState
 from groups.models import Group, Stream, VersionState
 

@@ -11,16 +11,10 @@ from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from assignments import fastpath
-from assignments.store import (
-    clearly_has_room,
-    group_gate,
-    live_member_counts,
-    load_member_view,
-    load_state,
-    lock_and_load,
-    lock_group,
-    snapshots_enabled,
-)
+from assignments.answers import HeartbeatResult
+from assignments.gates import group_gate
+from assignments.rows import load_state, lock_group
+from assignments.snapshot_cache import clearly_has_room, live_member_counts, lock_and_load, snapshots_enabled
 from assignments.writer import save_state
 from coordination import engine
 from coordination.model import (
@@ -31,29 +25,7 @@ from coordination.model import (
 from coordinator_project.named_locks import NamedLocks
 from coordinator_project.process_state import PROCESS, ProcessCache
 from dataplane.protocol import JOIN_EPOCH, ErrorCode
-from groups.api_errors import error_body
 from groups.metadata import group_metadata
-
-
-@dataclass(frozen=True)
-class HeartbeatResult:
-    response: HeartbeatResponse
-    metadata: dict[str, Any] | None  # None on errors
-    path: str = "locked"  # "fast": answered without the group lock (assignments.fastpath)
-    # A memoized steady answer's cache (fastpath.SteadyAnswer.derived): its wire body is built
-    # once and given to every heartbeat that gets the same answer.
-    derived: dict[str, Any] | None = None
-
-
-class WireBody(dict):  # type: ignore[type-arg]
-    """A wire body that many heartbeats are given as is; the view's renderer keeps its bytes
-    here the first time (`rendered`), so the same answer is not serialized again."""
-
-    __slots__ = ("rendered",)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.rendered: bytes | None = None
 
 
 def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime | None = None) -> HeartbeatResult:
@@ -67,7 +39,7 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime | None = Non
         steady = fastpath.steady_heartbeat(group_name, req, now or timezone.now())
         if steady is not None:
             return HeartbeatResult(steady.response, {"metadataEpoch": steady.metadata_epoch}, "fast",
-                                   steady.derived)
+                                   steady.memo)
     fastpath.flush_stamps()  # the locked pass below reads this process's latest stamps
     if req.member_epoch == JOIN_EPOCH:
         refused = _refused_join(group_name, req)
@@ -79,17 +51,15 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime | None = Non
 
 
 def _locked_alone(group_name: str, req: HeartbeatRequest, now: datetime | None) -> HeartbeatResult:
-    """One heartbeat under the group lock on a state loaded for it (RSC_GROUP_SNAPSHOTS off)."""
+    """One heartbeat under the group lock on the whole group loaded fresh, no snapshot kept
+    (RSC_GROUP_SNAPSHOTS off: what a process without snapshots would do; the differential
+    tests' reference and "another process", the bench's comparison)."""
     with group_gate(group_name), transaction.atomic():
         group = lock_group(group_name)
         applied = now or timezone.now()
         if group is None:
             return _no_group(group_name, req)
-        if engine.needs_full_state(req, group.rebalance_due_at, applied):
-            state, loaded = load_state(group, req.member_id)
-        else:
-            claimed = (req.owned_shards or ()) + tuple(r.shard for r in req.revoking_shards)
-            state, loaded = load_member_view(group, req.member_id, claimed)
+        state, loaded = load_state(group, req.member_id)
         response = engine.heartbeat(state, req, applied)
         if response.error_code != ErrorCode.NONE:
             return HeartbeatResult(response, None)  # R8: a refused heartbeat changes nothing
@@ -257,36 +227,3 @@ def _refused_join(group_name: str, req: HeartbeatRequest) -> HeartbeatResponse |
     if full is None:
         return None
     return HeartbeatResponse(error_code=full.code, error_message=full.message, member_id=req.member_id)
-
-
-def response_body(result: HeartbeatResult) -> dict[str, Any]:
-    """The wire form: every field present, lists full (§3); an error is errorCode,
-    errorMessage and memberId only. A memoized steady answer's body is built once."""
-    if result.derived is None:
-        return _body(result)
-    body = result.derived.get("body")
-    if body is None:
-        body = result.derived["body"] = WireBody(_body(result))
-    return body
-
-
-def _body(result: HeartbeatResult) -> dict[str, Any]:
-    r = result.response
-    a = r.assignment
-    if r.error_code != ErrorCode.NONE:
-        return error_body(r.error_code.value, r.error_message or "", r.member_id)
-    return {
-        "errorCode": r.error_code.value,
-        "errorMessage": r.error_message,
-        "status": r.status.value if r.status else None,
-        "memberId": r.member_id,
-        "memberEpoch": r.member_epoch,
-        "assignmentEpoch": r.assignment_epoch,
-        "heartbeatIntervalMs": r.heartbeat_interval_ms,
-        "assignment": None if a is None else {
-            "assignedShards": list(a.assigned),
-            "pendingShards": list(a.pending),
-            "revokingShards": list(a.revoking),
-        },
-        "metadata": result.metadata,
-    }

@@ -1,6 +1,6 @@
 """The one writer of the group, member and assignment tables.
 
-A steady answer or a snapshot cached in one process (assignments.fastpath, assignments.store)
+A steady answer or a snapshot cached in one process (assignments.fastpath, assignments.snapshot_cache)
 is correct on every other coordinator host only if each write that can change it raises the
 group's `state_version` (the core's writes; deletes also raise `deletion_epoch`) or a metadata
 epoch (settings, slots added or retired). Every such write is a function of this module, so
@@ -9,7 +9,7 @@ that rule is kept in one place; tests/unit/test_one_writer.py fails on an ORM `u
 tables anywhere else (the lock-free last-seen stamps of assignments.fastpath, which write
 only liveness columns no cached answer carries, are the one listed exception).
 
-Callers hold the group's row lock (`store.lock_group`) unless a function says otherwise.
+Callers hold the group's row lock (`rows.lock_group`) unless a function says otherwise.
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from assignments.batch import Batch
 from assignments.models import ShardAssignment
-from assignments.store import _MEMBER_COLUMNS, Batch, Loaded, _member_pk
+from assignments.rows import MEMBER_COLUMNS, Loaded, row_id_of
 from coordination.model import GroupState
 from groups.models import Event, Group, Stream, VersionState
 from members.models import Member as MemberRow
@@ -131,7 +132,7 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
             continue
         prior = loaded.member_values.get(mid)
         if prior is None:
-            prior = dict(zip(_MEMBER_COLUMNS, loaded.member_rows.get(mid, ()), strict=False))
+            prior = dict(zip(MEMBER_COLUMNS, loaded.member_rows.get(mid, ()), strict=False))
         changed = {k: v for k, v in values.items() if k not in prior or prior[k] != v}
         columns, params = _prep(MemberRow, {**changed, "state_version": version})
         writes.add(f"UPDATE {table} SET {', '.join(f'{c} = %s' for c in columns)} WHERE id = %s", [*params, pk])
@@ -144,7 +145,7 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
         def ref(name: str | None) -> tuple[int | None, str | None]:
             # PostgreSQL: a member upserted in this batch is named, and the slot statement
             # finds its new row id itself (one round trip for a join that recomputes).
-            return (None, name) if name in by_name else (_member_pk(loaded, name), None)
+            return (None, name) if name in by_name else (row_id_of(loaded, name), None)
 
         rows = []
         for shard_id in sorted(changes.shards):
@@ -275,7 +276,7 @@ def raise_metadata_epoch(group: Group) -> None:
 
 def add_slots(group: Group, shard_pks: list[int]) -> None:
     """Empty slots for shards the group lacks (a reshard's new version); the caller raises the
-    metadata epoch (slots change only with it, see store._shape)."""
+    metadata epoch (slots change only with it, see snapshot_cache.shape_of)."""
     ShardAssignment.objects.bulk_create(ShardAssignment(group=group, shard_id=pk) for pk in shard_pks)
 
 
@@ -288,7 +289,7 @@ def delete_retired_slots(stream: Stream) -> None:
 def delete_group_rows(group: Group) -> None:
     """Delete a group with its slots and members (its API keys and events go with it): a
     snapshot of it is never used again (a group recreated under the name has another id and
-    creation time, store._shape)."""
+    creation time, snapshot_cache.shape_of)."""
     ShardAssignment.objects.filter(group=group).delete()  # before members: they PROTECT them
     MemberRow.objects.filter(group=group).delete()
     group.delete()

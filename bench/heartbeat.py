@@ -332,7 +332,7 @@ def single_join_cost(group: str, samples: int = 40) -> dict[str, dict[str, float
     from django.test import override_settings
     from django.utils import timezone
 
-    from assignments import services, store
+    from assignments import services, snapshot_cache
     from coordination.model import HeartbeatRequest
     from groups.models import Group
 
@@ -356,7 +356,7 @@ def single_join_cost(group: str, samples: int = 40) -> dict[str, dict[str, float
     gc.freeze()
     out: dict[str, dict[str, float]] = {}
     for label, enabled in (("without snapshots", False), ("with snapshots", True)):
-        store.forget_snapshots()
+        snapshot_cache.forget_snapshots()
         joins, leaves = [], []
         with override_snapshots(enabled), override_settings(RSC_REBALANCE_WINDOW_MS=0):
             for _ in range(samples + 1):

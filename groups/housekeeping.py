@@ -18,7 +18,7 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from assignments.models import ShardAssignment
-from assignments.store import load_state, lock_group
+from assignments.rows import load_state, lock_group
 from assignments.writer import delete_group_rows, save_state
 from coordination.model import LIVE_STATUSES
 from coordination.restore import parse_fence_epoch, raise_epochs_above

@@ -29,7 +29,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError, ResponseError
 
 from assignments.models import ShardAssignment
-from assignments.store import lock_group
+from assignments.rows import lock_group
 from coordination.model import LIVE_STATUSES, MemberStatus
 from dataplane.routing import ShardKeys, shard_sort_key
 from groups import shardstats

@@ -28,7 +28,7 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from assignments.models import ShardAssignment
-from assignments.store import load_state, lock_group
+from assignments.rows import load_state, lock_group
 from assignments.writer import add_slots, delete_retired_slots, raise_metadata_epoch, save_state
 from coordination import engine
 from coordinator_project.process_state import PROCESS

@@ -31,7 +31,7 @@ from django.db.models import Count, Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from assignments.models import ShardAssignment
-from assignments.store import lock_group
+from assignments.rows import lock_group
 from assignments.writer import delete_members
 from coordination.model import MemberStatus
 from groups.models import Event, Group

@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from assignments.store import load_state, lock_group
+from assignments.rows import load_state, lock_group
 from assignments.writer import create_group_rows, save_state, update_group_settings
 from coordination import engine
 from coordination.model import GroupState

@@ -14,7 +14,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from assignments.fastpath import STAMP_ALLOWANCE_S
-from assignments.store import load_state, lock_group
+from assignments.rows import load_state, lock_group
 from assignments.writer import save_state
 from coordination import engine
 from coordination.model import LIVE_STATUSES, GroupState, MemberStatus

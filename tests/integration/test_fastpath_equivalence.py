@@ -25,7 +25,8 @@ from django.utils import timezone
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from assignments import fastpath, services, store
+from assignments import fastpath, rows, services, snapshot_cache
+from assignments.answers import HeartbeatResult
 from assignments.models import ShardAssignment
 from coordination import engine
 from coordination.model import GroupState, HeartbeatRequest, RevokeReport
@@ -52,7 +53,7 @@ class Sim:
     assigned: list[str] = field(default_factory=list)
     revoking: list[str] = field(default_factory=list)
 
-    def take(self, result: services.HeartbeatResult) -> None:
+    def take(self, result: HeartbeatResult) -> None:
         r = result.response
         if r.error_code != ErrorCode.NONE:
             self.epoch, self.assigned, self.revoking = 0, [], []  # C4: rejoin at 0
@@ -71,7 +72,7 @@ def other_process() -> Iterator[None]:
         yield
 
 
-def locked_fresh(group: str, req: HeartbeatRequest, now: Any) -> services.HeartbeatResult:
+def locked_fresh(group: str, req: HeartbeatRequest, now: Any) -> HeartbeatResult:
     with override_settings(RSC_FAST_PATH=False, RSC_GROUP_SNAPSHOTS=False):
         return services.heartbeat(group, req, now)
 
@@ -99,10 +100,10 @@ def comparable(state: GroupState) -> tuple:
 
 def check_snapshot_is_the_database(group_name: str) -> None:
     group = Group.objects.select_related("stream").get(name=group_name)
-    snap = store._snapshots.get(group.pk)
-    if snap is None or snap.version != group.state_version or snap.shape != store._shape(group):
+    snap = snapshot_cache._snapshots.get(group.pk)
+    if snap is None or snap.version != group.state_version or snap.shape != snapshot_cache.shape_of(group):
         return  # not current: it is never used like that (catch-up or reload first)
-    fresh, _ = store.load_state(group)
+    fresh, _ = rows.load_state(group)
     assert comparable(snap.state) == comparable(fresh)
 
 
@@ -291,7 +292,7 @@ def test_r1_max_members_refusal_is_decided_before_loading_the_group(hb, orders):
     assert not any(slots in q for q in sql), sql  # no snapshot load
     assert not any("FOR UPDATE" in q for q in sql), sql  # nor the group lock
     # The same answer as the core gives on the full state.
-    state, _ = store.load_state(Group.objects.select_related("stream").get(pk=group.pk))
+    state, _ = rows.load_state(Group.objects.select_related("stream").get(pk=group.pk))
     core = engine.heartbeat(state, HeartbeatRequest(member_id="c", member_epoch=0), timezone.now())
     assert (body["errorCode"], body["errorMessage"]) == (core.error_code.value, core.error_message)
     # A live member's rejoin is not a new member: never refused for size.
@@ -333,9 +334,9 @@ def test_a_locked_pass_empties_the_memo_so_a_changed_state_is_answered_by_the_co
                            owned_shards=joined.assignment.assigned)
     assert fastpath.steady_heartbeat(orders.group, req, now) is not None
     group = Group.objects.get(name=orders.group)
-    assert store._snapshots[group.pk].steady  # memoized
+    assert snapshot_cache._snapshots[group.pk].steady  # memoized
     services.heartbeat(orders.group, HeartbeatRequest(member_id="b", member_epoch=0), now)
-    assert not store._snapshots[group.pk].steady
+    assert not snapshot_cache._snapshots[group.pk].steady
     assert fastpath.steady_heartbeat(orders.group, req, now) is None  # the locked path decides
     result = services.heartbeat(orders.group, req, now)
     assert result.response.assignment.revoking  # what the memo would have hidden
@@ -353,8 +354,8 @@ def test_a_memoized_steady_answer_is_rendered_once_and_sent_as_the_same_bytes(hb
     first, second = (hb.client.post(orders.url(), body, format="json", **headers) for _ in range(2))
     assert first.status_code == second.status_code == 200
     assert first.content == second.content
-    snap = store._snapshots[Group.objects.get(name=orders.group).pk]
+    snap = snapshot_cache._snapshots[Group.objects.get(name=orders.group).pk]
     (memo,) = snap.steady.values()
-    wire = memo.answer.derived["body"]
+    wire = memo.answer.memo.body
     assert wire.rendered == second.content == JSONRenderer().render(dict(wire))
     assert second.json()["status"] == "OK"

@@ -10,7 +10,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from assignments import fastpath, services
-from assignments.store import forget_snapshots
+from assignments.snapshot_cache import forget_snapshots
 from coordination.model import HeartbeatRequest
 from groups.describe import describe_group
 from groups.models import Event, Group

@@ -10,9 +10,9 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from assignments import fastpath, store
+from assignments import fastpath, snapshot_cache
+from assignments.encoder import response_body
 from assignments.services import heartbeat as heartbeat_service
-from assignments.services import response_body
 from coordination.model import HeartbeatRequest
 from groups.describe import describe_group
 from groups.models import Event, Group
@@ -72,9 +72,9 @@ def test_r1b_steady_path_answers_until_the_recompute_is_due_and_never_after(hb: 
     req = HeartbeatRequest(member_id="m0", member_epoch=out["memberEpoch"], metadata_epoch=1, owned_shards=owned)
     for cached in (False, True):  # the statement, then the cached core answer
         if not cached:
-            store.forget_snapshots()
+            snapshot_cache.forget_snapshots()
         else:
-            store.refresh_snapshot("g1")
+            snapshot_cache.refresh_snapshot("g1")
         steady = fastpath.steady_heartbeat("g1", req, t0 + timedelta(seconds=1.8))
         assert steady is not None
         assert steady.response.assignment.assigned == owned
@@ -106,7 +106,7 @@ def test_r1b_slots_still_targeting_a_member_that_left_are_saved_by_its_row(hb: H
     left, which the store maps back to its row."""
     t0 = timezone.now() - timedelta(seconds=20)
     with override_settings(RSC_GROUP_SNAPSHOTS=snapshots):
-        store.forget_snapshots()
+        snapshot_cache.forget_snapshots()
         beat("m0", 0, t0)
         out = beat("m0", 1, t0 + timedelta(seconds=1))
         owned = tuple(out["assignment"]["assignedShards"])
@@ -143,7 +143,7 @@ def test_r1b_only_writes_that_grant_wait_for_the_disk(hb: Hb):
     transaction keeps the server's synchronous commit."""
     from django.db import connection, transaction
 
-    from assignments.store import load_state, lock_group
+    from assignments.rows import load_state, lock_group
     from assignments.writer import save_state
     from coordination import engine
 

@@ -13,7 +13,7 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assignments import fastpath, store
+from assignments import fastpath, gates, rows, snapshot_cache
 from assignments.models import ShardAssignment
 from assignments.services import heartbeat as heartbeat_service
 from coordination.model import HeartbeatRequest, RevokeReport
@@ -79,7 +79,7 @@ def behind_the_gate(group: str, waiter: Callable[[], None]) -> Any:
     released_at: list[Any] = []
 
     def holder() -> None:
-        with store.group_gate(group):
+        with gates.group_gate(group):
             held.set()
             release.wait(10)
             released_at.append(timezone.now())
@@ -108,7 +108,7 @@ def test_a_request_waiting_for_its_groups_gate_holds_no_database_connection(db):
             with connections[alias].cursor() as cursor:
                 cursor.execute("SELECT 1")
         seen["before"] = all(connections[a].connection is not None for a in ("default", "liveness"))
-        with store.group_gate("g-gate"):
+        with gates.group_gate("g-gate"):
             seen["while_waiting_closed"] = all(connections[a].connection is None for a in ("default", "liveness"))
         connections.close_all()
 
@@ -117,14 +117,14 @@ def test_a_request_waiting_for_its_groups_gate_holds_no_database_connection(db):
 
 
 def test_gate_without_waiting_yields_false_while_taken():
-    with store.group_gate("g-busy") as first:
+    with gates.group_gate("g-busy") as first:
         assert first is True
         outcome: list[bool] = []
-        t = threading.Thread(target=lambda: outcome.append(store.group_gate("g-busy", wait=False).__enter__()))
+        t = threading.Thread(target=lambda: outcome.append(gates.group_gate("g-busy", wait=False).__enter__()))
         t.start()
         t.join(10)
         assert outcome == [False]
-    with store.group_gate("g-busy", wait=False) as again:
+    with gates.group_gate("g-busy", wait=False) as again:
         assert again is True
 
 
@@ -133,16 +133,16 @@ def test_a_snapshot_ahead_of_a_shared_group_read_is_kept(hb: Hb):
     holds (reads are shared): the snapshot stays, the heartbeat takes the statement path."""
     beat("a", 0)
     group = Group.objects.select_related("stream").get(name="g1")
-    snap = store._snapshots.get(group.pk)
+    snap = snapshot_cache._snapshots.get(group.pk)
     assert snap is not None
-    shape = store._shape(group)
-    assert store.steady_snapshot(group.pk, snap.version - 1, shape) is None
-    assert store._snapshots.get(group.pk) is snap
-    assert store.steady_snapshot(group.pk, snap.version + 1, shape) is None  # behind: kept too
-    assert store._snapshots.get(group.pk) is snap
-    found = store.steady_snapshot(group.pk, snap.version, shape)
+    shape = snapshot_cache.shape_of(group)
+    assert snapshot_cache.steady_snapshot(group.pk, snap.version - 1, shape) is None
+    assert snapshot_cache._snapshots.get(group.pk) is snap
+    assert snapshot_cache.steady_snapshot(group.pk, snap.version + 1, shape) is None  # behind: kept too
+    assert snapshot_cache._snapshots.get(group.pk) is snap
+    found = snapshot_cache.steady_snapshot(group.pk, snap.version, shape)
     assert found is snap
-    store.return_snapshot(group.pk, found)
+    snapshot_cache.return_snapshot(group.pk, found)
 
 
 @contextmanager
@@ -298,10 +298,10 @@ def test_r1_a_stale_snapshot_with_room_still_gets_the_cores_refusal(db):
     for m in "ab":
         assert _join("stale", m).error_code == "NONE"
     update_group_config("stale", actor="t", max_members=2)
-    assert store.clearly_has_room("stale")  # the snapshot still says 100
+    assert snapshot_cache.clearly_has_room("stale")  # the snapshot still says 100
     refused = _join("stale", "c")
     assert refused.error_code == "GROUP_MAX_SIZE_REACHED"
-    assert not store.clearly_has_room("stale")  # the locked pass caught the snapshot up
+    assert not snapshot_cache.clearly_has_room("stale")  # the locked pass caught the snapshot up
 
 
 def test_r1b_an_api_heartbeat_is_applied_at_the_time_it_gets_the_lock(hb: Hb):
@@ -331,7 +331,7 @@ def _queue_behind_the_gate(group: str, requests: list[HeartbeatRequest]) -> dict
     out: dict[str, Any] = {}
 
     def holder() -> None:
-        with store.group_gate(group):
+        with gates.group_gate(group):
             held.set()
             release.wait(10)
 
@@ -543,8 +543,8 @@ def test_i23_4_a_steady_heartbeats_new_report_is_in_the_database_before_its_answ
             assert result.path == "fast"
             # What another host's locked pass would load (a fresh read of the row).
             with transaction.atomic():
-                group = store.lock_group("g1")
-                state, _ = store.load_state(group, "a")
+                group = rows.lock_group("g1")
+                state, _ = rows.load_state(group, "a")
             assert state.members["a"].last_reported_owned == tuple(owned)
         # The same report again is a memo hit: only last-seen is batched.
         heartbeat_service("g1", req, timezone.now())

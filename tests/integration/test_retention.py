@@ -126,7 +126,7 @@ def test_retention_waits_for_the_group_lock_and_spares_a_tombstone_rejoined_mean
 
     from django.db import connection, connections, transaction
 
-    from assignments.store import lock_group
+    from assignments.rows import lock_group
 
     old = timezone.now() - 3 * DAY
     beat("a", 0, old)

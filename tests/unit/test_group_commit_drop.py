@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from assignments import services, store
+from assignments import gates, services
 from coordination.model import HeartbeatRequest
 
 
@@ -28,7 +28,7 @@ class _GateHeldElsewhere:
 
 
 def test_i27_4_a_heartbeat_dropped_while_queued_leaves_the_group_commit_queue(monkeypatch: Any) -> None:
-    monkeypatch.setattr(store, "_gates", {"g": _GateHeldElsewhere()})
+    monkeypatch.setattr(gates, "_gates", {"g": _GateHeldElsewhere()})
     mine = services._Queued(HeartbeatRequest(member_id="m-1", member_epoch=0), None)
     with pytest.raises(_Dropped):
         services._locked_in_turn("g", mine)

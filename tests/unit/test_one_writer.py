@@ -35,7 +35,7 @@ GUARDED_CALLS = {"lock_group"}
 
 # The exception: the steady path stamps liveness without the group lock and without raising
 # state_version. Correct because no snapshot or steady answer carries these two columns: a
-# locked pass reads the heartbeating members' rows fresh (store.load_for_heartbeat), and
+# locked pass reads the heartbeating members' rows fresh (snapshot_cache.load_for_heartbeat), and
 # L1 reads last-seen from the table. Any other column in those statements fails the check.
 LIVENESS_ONLY = {"assignments/fastpath.py": {"last_heartbeat_at", "last_reported_owned"}}
 
@@ -254,7 +254,7 @@ def bump(pk):
     Group.objects.filter(pk=pk).update(metadata_epoch=F("metadata_epoch") + 1)
 """,
     "row save on a locked group": """
-from assignments.store import lock_group
+from assignments.rows import lock_group
 def edit(name):
     group = lock_group(name)
     group.max_members = 3

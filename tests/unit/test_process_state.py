@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 APPS = ("assignments", "groups", "members", "coordinator_project")
 # Modules whose state PROCESS owns: imported so that each has handed its state over.
 OWNERS = (
-    "assignments.store", "assignments.fastpath", "assignments.services", "groups.services",
+    "assignments.rows", "assignments.snapshot_cache", "assignments.gates", "assignments.fastpath", "assignments.services", "groups.services",
     "groups.metadata", "groups.ratelimit", "groups.shardstats", "groups.namespace",
     "groups.resharding", "groups.api_errors", "coordinator_project.metrics",
     "coordinator_project.views",
@@ -98,7 +98,7 @@ def test_i23_1_the_check_catches_loose_state(tmp_path: Path):
 
 
 def test_i23_1_reset_empties_every_cache(owned: dict[str, Owned]):
-    from assignments import store
+    from assignments import snapshot_cache
     from groups import metadata, services
 
     filled = []
@@ -108,12 +108,12 @@ def test_i23_1_reset_empties_every_cache(owned: dict[str, Owned]):
         if isinstance(thing, dict) and default_reset:
             thing[("test", name)] = object()
             filled.append(thing)
-    store._snapshots[-1] = object()  # type: ignore[assignment]
+    snapshot_cache._snapshots[-1] = object()  # type: ignore[assignment]
     assert metadata._cache
     assert services._key_cache
     assert filled
     PROCESS.reset()
-    assert not store._snapshots
+    assert not snapshot_cache._snapshots
     assert [t for t in filled if t] == []
 
 

@@ -1,0 +1,45 @@
+"""Statements sent to the database in one round trip, with the transaction's COMMIT when asked."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.db import connection
+
+
+class Batch:
+    """Statements sent in one round trip, in order (the lock with its reads; one save's writes). On PostgreSQL they go out as one multi-statement
+    execute, one round trip (a client-side cursor; each statement's rows come back in order,
+    reached with nextset()): under a join storm every round trip inside the group lock was a
+    wait for the whole group, and under gevent a chance for the worker's other requests to
+    run first. Elsewhere (SQLite) they run one by one."""
+
+    def __init__(self) -> None:
+        self.statements: list[tuple[str, list[object], Callable[[list[tuple]], None] | None]] = []
+
+    def add(self, sql: str, params: list[object], on_rows: Callable[[list[tuple]], None] | None = None) -> None:
+        self.statements.append((sql, params, on_rows))
+
+    def run(self, *, commit: bool = False) -> None:
+        """Send the statements added so far (the batch is then empty again). `commit`: end the
+        transaction in the same round trip; Django's commit at the end of the atomic block then
+        finds it over and sends nothing (psycopg skips COMMIT when the server is idle), and on
+        an error the COMMIT is never reached and the block rolls back as usual."""
+        if commit:
+            self.add("COMMIT", [])
+        statements, self.statements = self.statements, []
+        if not statements:
+            return
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(";\n".join(sql for sql, _, _ in statements),
+                               [p for _, params, _ in statements for p in params])
+                for i, (_, _, on_rows) in enumerate(statements):
+                    if i:
+                        cursor.nextset()
+                    if on_rows is not None:
+                        on_rows(cursor.fetchall())
+                return
+            for sql, params, on_rows in statements:
+                cursor.execute(sql, params)
+                if on_rows is not None:
+                    on_rows(cursor.fetchall())
