@@ -680,8 +680,8 @@ def r1b_rebalance_if_due(state: GroupState, now: datetime) -> bool:
     """R1b: the deferred recompute runs at the first locked heartbeat, join, leave or sweep at
     or after its due time. Returns whether it ran."""
     due = state.rebalance_due_at
-    if due is None or now < due or state.partial:
-        return False  # a partial snapshot cannot recompute: the shell loads in full when due
+    if due is None or now < due:
+        return False
     recompute_target(state)
     state.rebalanced_at = latest(state.rebalanced_at, now)
     state.touch_group()
@@ -694,15 +694,6 @@ def latest(previous: datetime | None, now: datetime) -> datetime:
     return now if previous is None or now > previous else previous
 
 
-def needs_full_state(
-    req: HeartbeatRequest, rebalance_due_at: datetime | None = None, now: datetime | None = None
-) -> bool:
-    """Joins, leaves and drain reports can change the target; other heartbeats only when a
-    deferred recompute is due (R1b)."""
-    due = rebalance_due_at is not None and now is not None and now >= rebalance_due_at
-    return req.member_epoch <= 0 or bool(req.drained_shards) or due
-
-
 def recompute_target(state: GroupState, reserve: Iterable[str] = ()) -> None:
     """The assignor's target for the live members at this group epoch. A settled target (every
     targeted shard assignable) changes by `reassign_by_count`, from the roster the snapshot
@@ -710,8 +701,6 @@ def recompute_target(state: GroupState, reserve: Iterable[str] = ()) -> None:
     26.2); with members reserved beyond the temporarily left ones (R1s) by `reassign`, which
     walks the members; any other target goes through `assign` over every shard. All three
     give the same result."""
-    if state.partial:
-        raise RuntimeError("cannot recompute the target from a partial snapshot")
     live = state.live_ids()
     # (§9) the temporarily left members' targets are reserved for their instanceId.
     reserved = state.reserved_ids() | (set(reserve) & live)

@@ -32,11 +32,10 @@ class MemberStatus(StrEnum):
 
 
 # Members the group holds: they count toward max_members, own shards and targets, and expire
-# by L1. A temporarily left member is one of them, but sends no heartbeats (see ACTIVE_STATUSES).
+# by L1. A temporarily left member is one of them, but sends no heartbeats.
 LIVE_STATUSES = frozenset({
     MemberStatus.STABLE, MemberStatus.REVOKING, MemberStatus.PENDING, MemberStatus.TEMPORARILY_LEFT,
 })
-ACTIVE_STATUSES = LIVE_STATUSES - {MemberStatus.TEMPORARILY_LEFT}
 
 
 class GroupPhase(StrEnum):
@@ -212,9 +211,6 @@ class GroupState:
     members: dict[str, Member] = field(default_factory=dict)
     shards: dict[str, ShardSlot] = field(default_factory=dict)
     changes: Changes = field(default_factory=Changes)
-    # A partial snapshot holds one member and its slots only: enough for that member's
-    # regular heartbeat, never for recomputing the target (see engine.needs_full_state).
-    partial: bool = False
 
     def __post_init__(self) -> None:
         self._granted: dict[str, set[str]] = {}

@@ -94,6 +94,3 @@ def _retry_after(kind: str, key_id: int, client_ip: str, now: float | None) -> i
                            int(getattr(settings, f"{kind}_BURST_PER_IP", 100)), now)
     return max(1, math.ceil(wait)) if wait else 0
 
-
-def reset_join_limits() -> None:
-    _joins.clear()

@@ -20,7 +20,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from groups.models import ApiKey, Event, KeyRole
-from groups.ratelimit import reset_join_limits
+from groups.ratelimit import _joins as join_buckets
 from groups.services import ServiceError, create_api_key, create_stream, resolve_api_key
 
 from .conftest import GroupFixture, running_gunicorn
@@ -30,9 +30,9 @@ pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True
 
 @pytest.fixture(autouse=True)
 def _fresh_join_limits() -> Any:
-    reset_join_limits()
+    join_buckets.clear()
     yield
-    reset_join_limits()
+    join_buckets.clear()
 
 
 def run(*args: str) -> str:

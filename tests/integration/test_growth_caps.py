@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from assignments import services
 from coordination.model import HeartbeatRequest
 from groups.models import Event
-from groups.ratelimit import reset_join_limits
+from groups.ratelimit import _joins as join_buckets
 from groups.retention import apply_retention
 from groups.sweeps import run_retention
 from members.models import Member
@@ -96,9 +96,9 @@ def test_i27_9_a_zero_cap_keeps_everything(churned: datetime):
 
 @pytest.fixture
 def fresh_limits() -> Iterator[None]:
-    reset_join_limits()
+    join_buckets.clear()
     yield
-    reset_join_limits()
+    join_buckets.clear()
 
 
 def leave(api: APIClient, fx: GroupFixture, member: str, epoch: int = -1, **headers: str) -> Any:

@@ -354,19 +354,6 @@ def test_request_defaults_are_a_regular_heartbeat():
     assert req.revoking_shards == ()
 
 
-def test_partial_snapshot_refuses_to_recompute_the_target():
-    import pytest
-
-    state = make_group(2)
-    state.partial = True
-    with pytest.raises(RuntimeError, match="partial"):
-        engine.recompute_target(state)
-    assert engine.needs_full_state(HeartbeatRequest(member_id="m", member_epoch=0))
-    assert engine.needs_full_state(HeartbeatRequest(member_id="m", member_epoch=-1))
-    assert engine.needs_full_state(HeartbeatRequest(member_id="m", member_epoch=3, drained_shards=("s:1:0",)))
-    assert not engine.needs_full_state(HeartbeatRequest(member_id="m", member_epoch=3))
-
-
 # --- §9 static membership: R1s, R2s, L1s -------------------------------------------------------
 def _static_group(members: int = 4, shards: int = 8, **config: int):
     return group_with([f"m{i}" for i in range(members)], shards, joined_at=at(0), settled_at=at(1),

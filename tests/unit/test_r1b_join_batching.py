@@ -146,22 +146,6 @@ def test_r1b_a_leave_within_the_window_releases_at_once_and_retargets_at_the_due
     assert {s.target for s in state.shards.values()} == {"b", "c"}
 
 
-def test_r1b_due_recompute_waits_for_a_full_snapshot():
-    state = make_group(4, rebalance_window_ms=WINDOW_MS)
-    Client(state, "a").join(at(0))
-    state.partial = True
-    assert not engine.r1b_rebalance_if_due(state, at(2))
-    # The shell decides from the group row alone whether to load in full.
-    assert engine.needs_full_state(_regular("a"), state.rebalance_due_at, at(2))
-    assert not engine.needs_full_state(_regular("a"), state.rebalance_due_at, at(0.5))
-
-
-def _regular(member_id: str):
-    from coordination.model import HeartbeatRequest
-
-    return HeartbeatRequest(member_id=member_id, member_epoch=1)
-
-
 ops = st.lists(
     st.tuples(st.sampled_from(["join", "leave", "beat"]), st.integers(0, 5), st.integers(0, 700)),
     min_size=1, max_size=30,
