@@ -8,7 +8,6 @@ so cautious that the steady path would never be taken).
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 from datetime import timedelta
 
@@ -35,6 +34,22 @@ def snapshot_of(state: GroupState) -> tuple:
              for sid, s in state.shards.items()}
     return (state.group_epoch, state.assignment_epoch, state.metadata_epoch, state.rebalanced_at,
             state.rebalance_due_at, state.rebalance_deferred_at, state.paused_at, members, slots)
+
+
+def clone(state: GroupState) -> GroupState:
+    """An independent copy for the core to change (members and slots copied one by one: the
+    member table keeps the roster)."""
+    return GroupState(
+        name=state.name, stream=state.stream, group_epoch=state.group_epoch,
+        assignment_epoch=state.assignment_epoch, metadata_epoch=state.metadata_epoch,
+        max_members=state.max_members, heartbeat_interval_ms=state.heartbeat_interval_ms,
+        session_timeout_ms=state.session_timeout_ms, rebalance_timeout_ms=state.rebalance_timeout_ms,
+        rebalance_window_ms=state.rebalance_window_ms, rebalanced_at=state.rebalanced_at,
+        rebalance_due_at=state.rebalance_due_at, rebalance_deferred_at=state.rebalance_deferred_at,
+        paused_at=state.paused_at, paused_by=state.paused_by,
+        members={mid: dataclasses.replace(m) for mid, m in state.members.items()},
+        shards={sid: dataclasses.replace(s) for sid, s in state.shards.items()},
+    )
 
 
 def without_liveness(snap: tuple, member_id: str) -> tuple:
@@ -94,7 +109,7 @@ def check(state: GroupState, req: HeartbeatRequest) -> bool:
     assert snapshot_of(state) == before  # pure: nothing changed
     assert state.changes.empty
 
-    core_state = copy.deepcopy(state)
+    core_state = clone(state)
     core = engine.heartbeat(core_state, req, T0)
     changes = core_state.changes
     liveness_only = (
@@ -118,7 +133,9 @@ def check(state: GroupState, req: HeartbeatRequest) -> bool:
 def tidy(state: GroupState, mid: str, data: st.DataObject) -> None:
     """Bring `mid` close to steady (STABLE at the assignment epoch, its target its grants),
     with each part left out at random: random states alone are almost never steady."""
-    member = state.members.setdefault(mid, Member(member_id=mid, status=MemberStatus.STABLE))
+    if mid not in state.members:
+        state.members[mid] = Member(member_id=mid, status=MemberStatus.STABLE)
+    member = state.members[mid]
     if data.draw(st.integers(0, 5)):
         member.status = MemberStatus.STABLE
     if data.draw(st.integers(0, 5)):
