@@ -1,6 +1,7 @@
 """POST /api/v1/groups/{group}/heartbeat."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -20,7 +21,7 @@ from assignments.serializers import (
     HeartbeatRequestSerializer,
     HeartbeatResponseSerializer,
 )
-from coordination.wire import InvalidRequest, parse_heartbeat
+from coordination.wire import InvalidRequest, library_version, parse_heartbeat
 from coordinator_project.metrics import record_heartbeat
 from coordinator_project.wsgi_guard import RequestDeadlineExceeded
 from dataplane.protocol import JOIN_EPOCH, LEAVE_EPOCH, TEMPORARY_LEAVE_EPOCH, ErrorCode
@@ -104,6 +105,8 @@ class HeartbeatView(APIView):
             join = req.member_epoch == JOIN_EPOCH
             limit = join_retry_after if join else leave_retry_after
             retry = limit(request.auth.key_id, request.META.get("REMOTE_ADDR", ""))
+            if join:  # issue 25.7: the member's library, recorded with the join's own write
+                req = dataclasses.replace(req, library_version=library_version(request.META.get("HTTP_USER_AGENT")))
             if retry:
                 refused = Response(error_body(
                     ErrorCode.RATE_LIMITED, f"too many {'joins' if join else 'leaves'} with this API key "

@@ -112,6 +112,8 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
         )
         if m.joined_at is not None:
             values["joined_at"] = m.joined_at
+        if m.library_version is not None:  # a join's (issue 25.7); None: leave it alone
+            values["library_version"] = m.library_version
         if m.last_reported_owned is not None:  # None: not loaded, leave the column alone
             values["last_reported_owned"] = list(m.last_reported_owned)
         pk = loaded.member_pk.get(mid)
@@ -120,7 +122,7 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
             # A tombstone not loaded (or a new member): upsert by the natural key, in one
             # statement; a new row gets the model's defaults for what the core left unset.
             update = [MemberRow._meta.get_field(name).column for name in [*values, "state_version"]]
-            insert_values = {"last_reported_owned": [], "joined_at": None, **values,
+            insert_values = {"last_reported_owned": [], "joined_at": None, "library_version": "", **values,
                              "group": group.pk, "member_id": mid, "state_version": version}
             columns, params = _prep(MemberRow, insert_values)
             writes.add(

@@ -164,6 +164,7 @@ def _new_member(state: GroupState, req: HeartbeatRequest, now: datetime) -> Memb
         joined_at=now,
         last_heartbeat_at=now,
         instance_id=req.instance_id,
+        library_version=req.library_version,
     )
     state.members[req.member_id] = member
     state.touch_member(member)

@@ -71,6 +71,9 @@ class HeartbeatRequest:
     revoking_shards: tuple[RevokeReport, ...] = ()
     drained_shards: tuple[str, ...] = ()
     instance_id: str | None = None  # §9 static membership
+    # Issue 25.7: the client library and version (the User-Agent's first product, e.g.
+    # "rsc-dataplane/0.2.0"), set by the view on joins only: not part of the body.
+    library_version: str = ""
 
 
 @dataclass(slots=True)
@@ -88,6 +91,9 @@ class Member:
     fenced_reason: str = ""
     fenced_by: str = ""
     instance_id: str | None = None  # §9: at most one live member per instanceId in a group
+    # Issue 25.7: set by a join (a process's library cannot change without a rejoin); None:
+    # not loaded, the writer leaves the column alone (no write on the steady path).
+    library_version: str | None = None
     # The member table that holds this member: told when its status changes, so the group's
     # roster of live members stays right without a walk (issue 26.2). Not a protocol field.
     table: MemberTable | None = field(default=None, init=False, repr=False, compare=False)

@@ -171,3 +171,17 @@ def parse_heartbeat(data: Any) -> HeartbeatRequest:
         drained_shards=drained or (),
         instance_id=instance_id,
     )
+
+
+# Issue 25.7: a User-Agent's first product ("rsc-dataplane/0.2.0 python/3.11.9" ->
+# "rsc-dataplane/0.2.0"), the token characters of RFC 9110, 64 characters at most.
+_PRODUCT_RE = re.compile(r"\s*([A-Za-z0-9!#$%&'*+.^_`|~-]{1,40}/[A-Za-z0-9!#$%&'*+.^_`|~-]{1,23})(?:[\s(]|$)")
+
+
+def library_version(user_agent: str | None) -> str:
+    """The client library and version a member's heartbeat names in its User-Agent (its first
+    product, e.g. ``rsc-dataplane/0.2.0``), or "" when it names none; shown per member in
+    describe and the admin, as Kafka shows client software names and versions."""
+    match = _PRODUCT_RE.match(user_agent or "")
+    return match.group(1) if match else ""
+

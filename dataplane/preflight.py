@@ -62,7 +62,9 @@ def _refusal(status: int, body: dict[str, Any], what: str, url: str) -> Prefligh
 
 def coordinator_get(url: str, api_key: str | None, path: str, what: str) -> dict[str, Any]:
     """GET one read-only document; PreflightError for anything but 200."""
-    headers = {"Accept": "application/json", "User-Agent": "rsc-dataplane/0.1"}
+    from . import __version__
+
+    headers = {"Accept": "application/json", "User-Agent": f"rsc-dataplane/{__version__}"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     try:

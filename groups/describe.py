@@ -19,6 +19,7 @@ from coordination.model import GroupState, ShardSlot, ShardState
 from dataplane.routing import shard_sort_key
 from groups import selectors, shardstats
 from groups.models import Group
+from members import selectors as member_selectors
 
 
 def shard_state(slot: ShardSlot | Any) -> ShardState:
@@ -36,7 +37,12 @@ def _ms_since(then: datetime | None, now: datetime) -> int | None:
     return None if then is None else max(0, int((now - then).total_seconds() * 1000))
 
 
-def describe_document(group: Group, state: GroupState, stats: shardstats.GroupStats, now: datetime) -> dict[str, Any]:
+def describe_document(
+    group: Group, state: GroupState, stats: shardstats.GroupStats, now: datetime,
+    versions: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """``versions``: memberId -> library version (members.selectors.library_versions)."""
+    versions = versions or {}
     # Natural shard order computed once; member lists sort by rank (thousands of shards).
     keys = {sid: shard_sort_key(sid) for sid in state.shards}
     ordered = sorted(keys, key=keys.__getitem__)
@@ -56,6 +62,8 @@ def describe_document(group: Group, state: GroupState, stats: shardstats.GroupSt
             "memberId": m.member_id,
             "instanceId": m.instance_id,  # static membership (§9)
             "clientId": m.client_id,
+            # Issue 25.7: its client library and version ("rsc-dataplane/0.2.0"), "" if unnamed.
+            "libraryVersion": versions.get(m.member_id, ""),
             "memberEpoch": m.member_epoch,
             "state": m.status.value,
             "liveness": alive.value,
@@ -114,4 +122,5 @@ def describe_group(name: str, now: datetime | None = None) -> dict[str, Any] | N
         return None
     state = read_group_state(group)
     stats = selectors.group_shard_stats(group)
-    return describe_document(group, state, stats, now or timezone.now())
+    versions = member_selectors.library_versions(group)
+    return describe_document(group, state, stats, now or timezone.now(), versions)

@@ -24,6 +24,9 @@ _member = inline_serializer("DescribedMember", {
     "memberId": serializers.CharField(),
     "instanceId": serializers.CharField(allow_null=True, help_text="static membership (§9); null for dynamic members"),
     "clientId": serializers.CharField(),
+    "libraryVersion": serializers.CharField(
+        help_text="the member's client library and version from its join's User-Agent (e.g. rsc-dataplane/0.2.0); "
+        "empty when it named none"),
     "memberEpoch": serializers.IntegerField(),
     "state": serializers.ChoiceField(choices=[s.value for s in MemberStatus if s in LIVE_STATUSES]),
     "liveness": serializers.ChoiceField(

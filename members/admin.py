@@ -49,15 +49,15 @@ class LivenessFilter(admin.SimpleListFilter):
 class MemberAdmin(ReadOnlyAdmin):
     list_display = (
         "member_id", "group", "status", "member_epoch", "heartbeat", "shards", "fencing", "client_id",
-        "instance_id",
+        "instance_id", "library_version",
     )
     list_filter = ("group", "status", LivenessFilter)
-    search_fields = ("member_id", "client_id", "instance_id")
+    search_fields = ("member_id", "client_id", "instance_id", "library_version")
     list_select_related = ("group",)
     ordering = ("group__name", "member_id")
     actions = ["fence_members", "remove_members"]
     fields = (
-        "group", "member_id", "client_id", "instance_id", "status", "member_epoch", "previous_member_epoch", "heartbeat",
+        "group", "member_id", "client_id", "instance_id", "library_version", "status", "member_epoch", "previous_member_epoch", "heartbeat",
         "joined", "last_heartbeat", "revocation_deadline", "rebalance_timeout_ms",
         "last_reported_owned", "held_shards", "fenced_by", "fenced_reason",
     )

@@ -24,6 +24,9 @@ class Member(models.Model):
     fenced_by = models.CharField(max_length=150, blank=True)
     # §9 static membership. Tombstones keep it (the admin shows whose place they held).
     instance_id = models.CharField(max_length=64, null=True, blank=True, editable=False)
+    # Issue 25.7: the member's client library and version ("rsc-dataplane/0.2.0": the first
+    # product of its User-Agent), recorded at each join.
+    library_version = models.CharField(max_length=64, blank=True, default="", editable=False)
     # The group's state_version of the last locked write of this row (snapshot deltas).
     state_version = models.BigIntegerField(default=0, editable=False)
 

@@ -66,3 +66,10 @@ def with_shard_counts(members: QuerySet[Member]) -> QuerySet[Member]:
         held=Count("owned_shards", distinct=True),
         revoking=Count("owned_shards", filter=Q(owned_shards__revoking=True), distinct=True),
     )
+
+
+def library_versions(group: Group) -> dict[str, str]:
+    """memberId -> the client library and version its join named (issue 25.7), live members."""
+    rows = Member.objects.filter(group=group, status__in=[s.value for s in LIVE_STATUSES])
+    return dict(rows.values_list("member_id", "library_version"))
+

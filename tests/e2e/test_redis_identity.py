@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from dataplane import Consumer, RedisMismatchError
+from dataplane import Consumer, RedisMismatchError, __version__
 from groups.models import Event
 from groups.namespace import identity_key, installation_id
 
@@ -132,6 +132,8 @@ def test_i25_4_consumer_on_another_installations_redis_raises_and_leaves(
     try:
         world.wait(lambda: world.stable_with({"m-right"}), 30, "m-right owning both shards")
         assert ok.status().owned_shards == tuple(sorted(world.shard_ids()))
+        # Issue 25.7: the coordinator shows the member's library version from its User-Agent.
+        assert world.describe()["members"][0]["libraryVersion"] == f"rsc-dataplane/{__version__}"
     finally:
         ok.stop()
         thread.join(30)

@@ -129,3 +129,59 @@ def test_openapi_schema_lists_members_and_shards_as_arrays(api: APIClient, db: N
     assert described["members"]["type"] == "array"
     assert described["shards"]["type"] == "array"
     assert {"lag", "pending", "dlq"} <= set(schema["components"]["schemas"]["DescribedTotals"]["properties"])
+
+
+def test_i25_7_describe_and_the_admin_show_each_members_library_version_recorded_at_join(api: APIClient, fx: GroupFixture):
+    """The member's User-Agent (``rsc-dataplane/<ver> python/<ver>``) names its library: the
+    join records its first product in the member row (with the join's own write); steady
+    heartbeats neither read nor write it; a rejoin with another version replaces it."""
+    from django.contrib.auth.models import User
+    from django.db import connections
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    from members.models import Member
+
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {fx.key}"}
+
+    def beat(body: dict, agent: str) -> dict:
+        r = api.post(fx.url(), body, format="json", HTTP_USER_AGENT=agent, **auth)
+        assert r.status_code == 200, r.content
+        return r.json()
+
+    joined = beat({"memberId": "a", "memberEpoch": 0, "clientId": "host/a"}, "rsc-dataplane/0.2.0 python/3.11.9")
+    beat({"memberId": "b", "memberEpoch": 0}, "curl/8.5.0")
+    beat({"memberId": "c", "memberEpoch": 0}, "")
+    assert Member.objects.get(member_id="a").library_version == "rsc-dataplane/0.2.0"
+    # Steady heartbeats with another User-Agent: nothing about the version is read or written.
+    with CaptureQueriesContext(connections["default"]) as q1, CaptureQueriesContext(connections["liveness"]) as q2:
+        epoch = joined["memberEpoch"]
+        for _ in range(3):
+            body = beat({"memberId": "a", "memberEpoch": epoch}, "rsc-dataplane/9.9.9 python/3.13.0")
+            epoch = body["memberEpoch"]
+    assert [q["sql"] for q in (*q1.captured_queries, *q2.captured_queries) if "library_version" in q["sql"]] == []
+    assert Member.objects.get(member_id="a").library_version == "rsc-dataplane/0.2.0"
+
+    doc = api.get(fx.url(""), **auth).json()
+    versions = {m["memberId"]: m["libraryVersion"] for m in doc["members"]}
+    assert versions == {"a": "rsc-dataplane/0.2.0", "b": "curl/8.5.0", "c": ""}
+
+    # A new process (a rejoin) with another library version replaces it.
+    beat({"memberId": "a", "memberEpoch": 0}, "rsc-dataplane/0.3.0")
+    assert Member.objects.get(member_id="a").library_version == "rsc-dataplane/0.3.0"
+
+    out = StringIO()
+    call_command("describe_group", fx.group, stdout=out)
+    lines = out.getvalue().splitlines()
+    mheader = next(line for line in lines if line.startswith("MEMBER")).split()
+    column = mheader.index("LIBRARY")
+    rows = {line.split()[0]: line.split() for line in lines[lines.index(next(x for x in lines if x.startswith("MEMBER"))) + 1:]
+            if line.split() and line.split()[0] in {"a", "b", "c"}}
+    assert rows["a"][column] == "rsc-dataplane/0.3.0"
+    assert rows["c"][column] == "-"
+
+    root = Client()
+    root.force_login(User.objects.create_superuser("root-25-7", password="x" * 20))
+    page = root.get("/admin/members/member/").content.decode()
+    assert "rsc-dataplane/0.3.0" in page
+    assert "curl/8.5.0" in page

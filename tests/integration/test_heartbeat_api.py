@@ -263,6 +263,7 @@ def test_describe_group(api, hb: Hb, orders):
     assert a["memberEpoch"] == body["memberEpoch"]
     assert set(a) == {"memberId", "instanceId", "clientId", "memberEpoch", "state", "liveness", "assignedShards",
                       "pendingShards", "revokingShards", "targetShards", "lastHeartbeatAt", "sinceLastHeartbeatMs",
+                      "libraryVersion",
                       "expiresInS"}
     assert len(a["targetShards"]) == 2
     assert len(a["assignedShards"]) == 4

@@ -27,14 +27,14 @@ def _seconds(ms: int | None) -> str | None:
     return None if ms is None else f"{ms / 1000:.1f}"
 
 
-MEMBER_HEADERS = ("MEMBER", "INSTANCE", "CLIENT", "EPOCH", "STATE", "ASSIGNED", "PENDING", "REVOKING",
+MEMBER_HEADERS = ("MEMBER", "INSTANCE", "CLIENT", "EPOCH", "STATE", "LIBRARY", "ASSIGNED", "PENDING", "REVOKING",
                   "SECONDS-SINCE-HEARTBEAT", "LIVENESS")
 
 
 def member_rows(members: list[dict[str, Any]]) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
     """The member table of describe_group and list_members: headers and rows."""
     return MEMBER_HEADERS, [
-        (m["memberId"], m["instanceId"], m["clientId"], m["memberEpoch"], m["state"],
+        (m["memberId"], m["instanceId"], m["clientId"], m["memberEpoch"], m["state"], m["libraryVersion"] or "-",
          len(m["assignedShards"]), len(m["pendingShards"]), len(m["revokingShards"]),
          _seconds(m["sinceLastHeartbeatMs"]),
          f"temporarily left (expires in {m['expiresInS']} s)" if m["expiresInS"] is not None
