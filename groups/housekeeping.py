@@ -20,12 +20,13 @@ from django.utils import timezone
 from assignments.models import ShardAssignment
 from assignments.rows import load_state, lock_group
 from assignments.writer import delete_group_rows, save_state
-from coordination.model import LIVE_STATUSES
+from coordination.model import LIVE_STATUSES, MemberStatus
 from coordination.restore import parse_fence_epoch, raise_epochs_above
 from dataplane.routing import ShardKeys
 from groups.errors import ServiceError
 from groups.models import Event, Group, Shard, ShardVersion, Stream, VersionState
 from groups.namespace import raise_generation, stream_redis
+from groups.services import temporarily_left_note
 from members.models import Member
 
 log = logging.getLogger(__name__)
@@ -108,13 +109,19 @@ def delete_group(name: str, *, purge_redis: bool = False, actor: str = "operator
         group = lock_group(name)
         if group is None:
             raise ServiceError(f"group {name!r} does not exist")
-        live = sorted(Member.objects.filter(group=group, status__in=_LIVE).values_list("member_id", flat=True))
-        if live:
-            shown = ", ".join(live[:5]) + (f" and {len(live) - 5} more" if len(live) > 5 else "")
+        rows = Member.objects.filter(group=group, status__in=_LIVE).order_by("member_id")
+        live = list(rows.values_list("member_id", "status", "instance_id", "last_heartbeat_at"))
+        running = [mid for mid, status, _iid, _last in live if status != MemberStatus.TEMPORARILY_LEFT]
+        away = [(mid, iid, last) for mid, status, iid, last in live if status == MemberStatus.TEMPORARILY_LEFT]
+        if running:
+            shown = ", ".join(running[:5]) + (f" and {len(running) - 5} more" if len(running) > 5 else "")
             raise ServiceError(
-                f"group {name!r} has {len(live)} live member(s) ({shown}): stop them (they leave the "
+                f"group {name!r} has {len(running)} live member(s) ({shown}): stop them (they leave the "
                 "group) or fence them first"
             )
+        if away:
+            # Stopped already: "stop them" would not help (issue 24.5).
+            raise ServiceError(f"group {name!r} has {temporarily_left_note(group, away, timezone.now())}; then delete it")
         holders = ShardAssignment.objects.filter(group=group, owner__isnull=False).count()
         if holders:
             raise ServiceError(f"group {name!r}: {holders} shard(s) are still held by a member; try again shortly")

@@ -35,6 +35,7 @@ from dataplane.routing import ShardKeys, shard_sort_key
 from groups import shardstats
 from groups.errors import ServiceError
 from groups.models import Event, Group, VersionState
+from groups.services import temporarily_left_note
 
 _ID_RE = re.compile(r"^(\d{1,20})(?:-(\d{1,20}))?$")
 _MAX_SEQ = 2**64 - 1
@@ -114,16 +115,7 @@ def _refuse_while_live(group: Group) -> None:
         names = ", ".join(running[:5]) + (" and more" if len(running) > 5 else "")
         parts.append(f"live members ({names}): stop them (or let them leave)")
     if away:
-        def expires(last: datetime | None) -> str:
-            if last is None:
-                return "expires at the next sweep"
-            left = group.session_timeout_ms / 1000 - (now - last).total_seconds()
-            return f"expires in {max(0, round(left))} s"
-        names = ", ".join(f"{mid} (instance {iid}, {expires(last)})" for mid, iid, last in away[:5])
-        parts.append(
-            f"static members that left temporarily and keep their shards until they expire ({names}):"
-            f" wait, or remove them now with manage.py remove_member {group.name} MEMBER_ID"
-        )
+        parts.append(temporarily_left_note(group, away, now))
     raise ServiceError(
         f"group {group.name!r} has " + "; and ".join(parts) + "; then reset its position"
         " (--dry-run shows the plan meanwhile)"

@@ -536,3 +536,22 @@ def _pause_or_resume(
             # path (assignments.fastpath) sees the pause on its next heartbeat.
             save_state(state, loaded, now, actor=actor)
     return changed
+
+
+def temporarily_left_note(group: Group, away: list[tuple[str, str | None, datetime | None]],
+                          now: datetime) -> str:
+    """How a refusal names static members that left temporarily (§9) and still hold their
+    shards: each member id with its instance id and when it expires, and how to remove them
+    now (issue 24.5). `away`: (member id, instance id, last heartbeat)."""
+    def expires(last: datetime | None) -> str:
+        if last is None:
+            return "expires at the next sweep"
+        left = group.session_timeout_ms / 1000 - (now - last).total_seconds()
+        return f"expires in {max(0, round(left))} s"
+
+    names = ", ".join(f"{mid} (instance {iid}, {expires(last)})" for mid, iid, last in away[:5])
+    more = f" and {len(away) - 5} more" if len(away) > 5 else ""
+    return (
+        f"static members that left temporarily and keep their shards until they expire ({names}{more}):"
+        f" wait, or remove them now with manage.py remove_member {group.name} MEMBER_ID"
+    )

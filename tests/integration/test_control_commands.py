@@ -124,3 +124,21 @@ def test_i24_5_fence_member_help_says_what_it_does_and_what_to_do_instead():
     assert "rejoins at once" in text
     assert "stop it" in text
     assert "pause the group (pause_group)" in text
+
+
+def test_i24_5_delete_group_names_static_members_that_left_temporarily(api: APIClient):
+    """A static member that left temporarily (§9) has stopped already: the refusal names it with
+    its instance id and expiry and says how to remove it now, not "stop them"."""
+    fx = make_group()
+    hb = Hb(api, fx)
+    assert hb({"memberId": "st-1", "memberEpoch": 0, "instanceId": "billing-3", "ownedShards": []})[0] == 200
+    assert hb({"memberId": "st-1", "memberEpoch": -2, "instanceId": "billing-3"})[0] == 200
+    with pytest.raises(CommandError) as refused:
+        run("delete_group", "g1")
+    message = str(refused.value)
+    assert "st-1 (instance billing-3, expires in " in message
+    assert "manage.py remove_member g1 MEMBER_ID" in message
+    assert "stop them" not in message
+    run("remove_member", "g1", "st-1")
+    run("delete_group", "g1")
+    assert not Group.objects.filter(name="g1").exists()
