@@ -39,7 +39,7 @@ _member = inline_serializer("DescribedMember", {
     "targetShards": _shard_list,
     "lastHeartbeatAt": serializers.DateTimeField(allow_null=True),
     "sinceLastHeartbeatMs": serializers.IntegerField(allow_null=True, help_text="null: never heartbeated"),
-    "expiresInS": serializers.IntegerField(allow_null=True, help_text="TEMPORARILY_LEFT: seconds until L1s"),
+    "expiresInS": serializers.IntegerField(allow_null=True, help_text="seconds until this temporarily left member expires (L1s); null for any other member"),
 })
 _shard = inline_serializer("DescribedShard", {
     "shardId": serializers.CharField(),

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RULE_ID = re.compile(r"(?<![\w-])(?:R[0-9]+[bs]?|C[1-6]|L[1-3]|§[0-9]+)(?![\w])")
+RULE_ID = re.compile(r"(?<![\w-])(?:R[0-9]+[bs]?|C[1-6]|L[1-3]s?|§[0-9]+)(?![\w])")
 # What may follow an id inside its parentheses: more ids ("C1–C6", "R7, R8", "§9 and §10").
 _ONLY_IDS_TO_CLOSE = re.compile(
-    r"(?:\s*(?:[,;/–-]|\band\b|\bor\b)?\s*(?:R[0-9]+[bs]?|C[1-6]|L[1-3]|§[0-9]+)(?![\w]))*\s*\)"
+    r"(?:\s*(?:[,;/–-]|\band\b|\bor\b)?\s*(?:R[0-9]+[bs]?|C[1-6]|L[1-3]s?|§[0-9]+)(?![\w]))*\s*\)"
 )
 _WORD = re.compile(r"[A-Za-z][a-z]{2,}")
 
