@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.auth.models import Group as AuthGroup
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
@@ -129,7 +130,10 @@ class StreamAdmin(ReadOnlyAdmin):
         """The stream page's Reshard button: asks for the count, then calls start_reshard."""
         stream = self.get_object(request, object_id)
         if stream is None:
-            return self._get_obj_does_not_exist_redirect(request, self.model._meta, object_id)
+            # ModelAdmin's own (private) "doesn't exist" redirect, as its change view answers.
+            return self._get_obj_does_not_exist_redirect(  # type: ignore[attr-defined]
+                request, self.model._meta, object_id
+            )
         if not self.has_reshard_permission(request):
             raise PermissionDenied
         form = ReshardForm(request.POST if request.method == "POST" else None)
@@ -186,7 +190,7 @@ class StreamAdmin(ReadOnlyAdmin):
             "stream": stream,
             "current": self.shard_count(stream),
             "form": form,
-            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         })
 
 
@@ -197,7 +201,8 @@ class GroupForm(forms.ModelForm):
         fields = ["name", "stream", *GROUP_CONFIG_FIELDS]
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data  # what ModelForm.clean returns (django-stubs: Form's dict | None)
         values = {f: data.get(f) for f in GROUP_CONFIG_FIELDS}
         if all(v is not None for v in values.values()):
             try:  # the service's own rules, for feedback on the form; it re-checks under the lock
@@ -265,7 +270,8 @@ class GroupAdmin(admin.ModelAdmin):
     def _pause_or_resume(self, request: HttpRequest, queryset: QuerySet[Group], *, pause: bool) -> None:
         if not self.has_reset_permission(request):
             raise PermissionDenied
-        done, unchanged = [], []
+        done: list[str] = []
+        unchanged: list[str] = []
         for name in queryset.values_list("name", flat=True):
             try:
                 changed = (pause_group if pause else resume_group)(name, actor=actor_of(request))
@@ -332,7 +338,10 @@ class GroupAdmin(admin.ModelAdmin):
     def matrix_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         group = self.get_object(request, object_id)
         if group is None:
-            return self._get_obj_does_not_exist_redirect(request, self.model._meta, object_id)
+            # ModelAdmin's own (private) "doesn't exist" redirect, as its change view answers.
+            return self._get_obj_does_not_exist_redirect(  # type: ignore[attr-defined]
+                request, self.model._meta, object_id
+            )
         if not self.has_view_permission(request, group):
             raise PermissionDenied
         now = timezone.now()
@@ -388,7 +397,7 @@ class GroupAdmin(admin.ModelAdmin):
             "group": group,
             "form": form,
             "plan": plan,
-            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         })
 
 
@@ -481,7 +490,8 @@ def group_page_context(group: Group, matrix: Matrix, now: Any, request: HttpRequ
         rows = [r for r in rows if r.liveness == alive]
     late = sum(r.liveness in NEEDS_ATTENTION for r in matrix.rows)
     dlq_shards = sorted((c for c in matrix.columns if c.dlq), key=lambda c: -(c.dlq or 0))[:20]
-    dlq_entries, dlq_error = ([], None)
+    dlq_entries: list[shardstats.DlqEntry] = []
+    dlq_error: str | None = None
     if stats is not None and stats.ok and dlq_shards:
         dlq_entries, dlq_error = shardstats.newest_dlq_entries(group.name, group.stream.key_prefix, stats)
     return {

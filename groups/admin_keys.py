@@ -31,7 +31,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.display(description="group / stream")
     def target(self, key: ApiKey) -> str:
-        return f"group {key.group.name}" if key.group_id else f"stream {key.stream.name}"
+        return key.target()
 
     @admin.display(description="state")
     def state(self, key: ApiKey) -> str:

@@ -88,11 +88,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(error_body(ErrorCode.AUTHORIZATION_FAILED, str(exc.detail)), 403)
     if isinstance(exc, (OperationalError, InterfaceError)):
         return None  # re-raised: coordinator_project.middleware answers 503 COORDINATOR_UNAVAILABLE
-    response = drf_exception_handler(exc, context)
-    if response is not None:
-        code = ErrorCode.INVALID_REQUEST if response.status_code < 500 else ErrorCode.INTERNAL_ERROR
-        response.data = error_body(code, str(getattr(exc, "detail", exc)))
-        return response
+    handled = drf_exception_handler(exc, context)
+    if handled is not None:
+        code = ErrorCode.INVALID_REQUEST if handled.status_code < 500 else ErrorCode.INTERNAL_ERROR
+        handled.data = error_body(code, str(getattr(exc, "detail", exc)))
+        return handled
     log.exception("unhandled API error", exc_info=exc)
     return Response(
         error_body(ErrorCode.INTERNAL_ERROR, "internal error; see the coordinator log"),

@@ -244,7 +244,7 @@ def raise_epochs_after_restore(
             "assignmentEpoch": row.assignment_epoch, "raised": False,
             "needed": floor is not None and row.assignment_epoch <= floor,
         }
-        if entry["needed"] and not dry_run:
+        if floor is not None and entry["needed"] and not dry_run:
             with transaction.atomic():
                 locked = lock_group(name)
                 if locked is not None:
@@ -263,5 +263,7 @@ def _highest_fence_epoch(group: Group) -> int | None:
         tokens = stream_redis().mget([ShardKeys(s, prefix).fence(group.name) for s in shard_ids]) if shard_ids else []
     except redis.RedisError as exc:
         raise ServiceError(f"reading fence tokens from Redis failed: {exc}") from exc
-    epochs = [e for e in (parse_fence_epoch(t) for t in tokens if t) if e is not None]
+    # str: the client decodes (namespace._client); bytes only if that ever changed.
+    epochs = [e for e in (parse_fence_epoch(t if isinstance(t, str) else t.decode()) for t in tokens if t)
+              if e is not None]
     return max(epochs, default=None)

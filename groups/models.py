@@ -152,6 +152,12 @@ class ApiKey(models.Model):
         scope = f"group {self.group}" if self.group_id else f"stream {self.stream} ({self.scope})"
         return f"{self.prefix}… ({scope})"
 
+    def target(self) -> str:
+        """"group G" or "stream S": a key is for one or the other (apikey_group_xor_stream_scope)."""
+        if self.group is not None:
+            return f"group {self.group.name}"
+        return f"stream {self.stream.name}" if self.stream is not None else "nothing"
+
 
 class Event(models.Model):
     """What happened to a group or stream: joined, left, expired, fenced, rebalanced, reshard steps."""

@@ -150,7 +150,7 @@ def _seal(row: Stream, now: datetime) -> dict[str, Any]:
     versions = list(
         ShardVersion.objects.filter(stream=row, state=VersionState.ACTIVE, version__lt=row.write_version)
     )
-    keys = []
+    keys: list[tuple[str, str]] = []
     for v in versions:
         marker = json.dumps({"stream": row.name, "version": v.version, "successor": row.write_version,
                              "sealedAt": now.isoformat()})

@@ -320,7 +320,7 @@ def key_is_active(key: ApiKey, now: datetime | None = None) -> bool:
 
 
 def _key_event(kind: str, key: ApiKey, actor: str, **detail: object) -> None:
-    stream_id = key.stream_id or (key.group.stream_id if key.group_id else None)
+    stream_id = key.stream_id or (key.group.stream_id if key.group is not None else None)
     Event.objects.create(kind=kind, group_id=key.group_id, stream_id=stream_id, actor=actor,
                          detail={"prefix": key.prefix, "scope": key.scope, **detail})
     log.info("%s %s… by %s", kind, key.prefix, actor,
@@ -492,7 +492,7 @@ def update_group_config(name: str, /, *, actor: str, **fields: object) -> Group:
         if group is None:
             raise ServiceError(f"group {name!r} does not exist")
         current = {f: getattr(group, f) for f in GROUP_CONFIG_FIELDS}
-        validate_group_config(**{**current, **fields})  # type: ignore[arg-type]
+        validate_group_config(**{**current, **fields})
         changed = {f: v for f, v in fields.items() if current[f] != v}
         if not changed:
             return group

@@ -103,7 +103,7 @@ class ReshardView(APIView):
         if unknown:
             return Response(error_body(ErrorCode.INVALID_REQUEST, f"body: unknown field(s) {', '.join(unknown)}"), 400)
         try:
-            version = start_reshard(stream, body["shards"], actor=f"api-key:{request.auth.key_id}")
+            version = start_reshard(stream, body["shards"], actor=f"api-key:{require_scope(request).key_id}")
         except StreamNotFound as exc:
             return Response(error_body(ErrorCode.STREAM_NOT_FOUND, str(exc)), 404)
         except ReshardInProgress as exc:

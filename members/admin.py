@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -136,7 +137,7 @@ class MemberAdmin(ReadOnlyAdmin):
                 "action": f"{verb}_members",
                 "members": members,
                 "live": set(_LIVE),
-                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             })
         reason = request.POST.get("reason", "").strip()[:400]
         actor = actor_of(request)

@@ -27,7 +27,7 @@ class Command(BaseCommand):
         header = ("PREFIX", "SCOPE", "FOR", "CREATED", "LAST USED", "STATE", "NAME")
         table = [header]
         for k in rows:
-            target = f"group {k.group.name}" if k.group_id else f"stream {k.stream.name}"
+            target = k.target()
             if k.revoked_at:
                 state = f"revoked {stamp(k.revoked_at)}"
             elif k.expires_at and k.expires_at <= now:
