@@ -4,6 +4,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from groups.ratelimit import LogThrottle
 
 # Fields a caller may pass through `extra=` that belong in the JSON line.
 EXTRA_FIELDS = ("event", "group", "memberId", "memberEpoch", "groupEpoch", "assignmentEpoch", "stream", "shard")
@@ -46,3 +50,70 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str)
+
+
+# Loggers whose lines any client can cause at will (issue 27.10): Django's 4xx warnings
+# ("Not Found: /x", "Bad Request: /y") and its security lines (a bad Host header logged an
+# ERROR with a 15-line traceback per request). coordinator_project.settings.LOGGING puts
+# RefusalThrottle on each; a logger filter, so every handler sees the same lines.
+REFUSAL_LOGGERS = (
+    "django.request",
+    "django.security.DisallowedHost",
+    "django.security.DisallowedRedirect",
+    "django.security.RequestDataTooBig",
+    "django.security.TooManyFieldsSent",
+    "django.security.TooManyFilesSent",
+    "django.security.SuspiciousOperation",
+    "django.security.SuspiciousMultipartForm",
+    "django.security.SuspiciousFileOperation",
+    "django.security.csrf",
+)
+MAX_REFUSAL_LINE = 300  # characters of a refusal's message kept (a Host header can be 8 KB)
+
+
+def _refusal_throttle() -> LogThrottle:
+    # Imported here: settings load this module before apps are ready; the throttle lives in
+    # groups.ratelimit with the others (bad keys, heartbeat and connection refusals).
+    global _THROTTLE
+    if _THROTTLE is None:
+        from coordinator_project.process_state import PROCESS
+        from groups.ratelimit import LogThrottle
+
+        _THROTTLE = PROCESS.own(
+            "django refusal log throttle", LogThrottle(every=10.0),
+            "One line per 10 s per (logger, status) for Django's 4xx and security lines."
+            " key: (logger name, HTTP status) -> when its last line was logged, lines held since;"
+            " bound: 1,000 kinds, then emptied; invalidated: every 10 s per kind; N hosts: per"
+            " process by design (each logs its own lines).",
+        )
+    return _THROTTLE
+
+
+_THROTTLE: LogThrottle | None = None
+
+
+class RefusalThrottle(logging.Filter):
+    """One short line per kind per 10 s, with how many were held back: 4xx answers of
+    django.request (5xx pass untouched) and django.security's lines, which lose their
+    traceback and become WARNINGs (a refused request is not the server's error)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        status = getattr(record, "status_code", None)
+        if record.name == "django.request":
+            if not isinstance(status, int) or status >= 500:
+                return True
+        else:
+            record.exc_info = record.exc_text = record.stack_info = None
+            if record.levelno > logging.WARNING:
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
+        throttle = _refusal_throttle()
+        held = throttle.allow((record.name, status))
+        if held is None:
+            return False
+        message = record.getMessage()
+        if len(message) > MAX_REFUSAL_LINE:
+            message = message[:MAX_REFUSAL_LINE] + "…"
+        if held:
+            message += f" ({held} more not logged in the last {throttle.every:g} s)"
+        record.msg, record.args = message, None
+        return True

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from coordinator_project import errors
 from dataplane.protocol import ErrorCode
 from groups.api_errors import error_body
 
@@ -49,3 +50,18 @@ class DatabaseUnavailableMiddleware:
         if isinstance(exc, UNAVAILABLE_ERRORS):
             return unavailable_response(exc)
         return None
+
+
+class JsonErrorPagesMiddleware:
+    """A 405 from a function view (Django's empty HTML answer) becomes the JSON error body;
+    the admin keeps Django's. Unknown URLs and other error pages: coordinator_project.errors."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if (response.status_code == 405 and not request.path.startswith(errors.ADMIN_PREFIX)
+                and not response.get("Content-Type", "").startswith("application/json")):
+            return errors.method_not_allowed(response)
+        return response

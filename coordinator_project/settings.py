@@ -8,6 +8,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from coordinator_project.logging import REFUSAL_LOGGERS
 from coordinator_project.preflight import READ_ONLY_ENV, SECRET_KEY_MISSING, database_url_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -32,6 +33,8 @@ if not SECRET_KEY and os.environ.get(READ_ONLY_ENV):
 if not SECRET_KEY:
     raise ImproperlyConfigured(SECRET_KEY_MISSING)
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h]
+# A failed CSRF check outside the admin answers JSON (coordinator_project.errors).
+CSRF_FAILURE_VIEW = "coordinator_project.errors.csrf_failure"
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 # Production security behind TLS, each off by default (plain HTTP on loopback).
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
@@ -60,6 +63,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "coordinator_project.middleware.JsonErrorPagesMiddleware",  # a view's 405 as JSON (issue 27.10)
     "coordinator_project.middleware.DatabaseUnavailableMiddleware",  # database trouble: 503, not 500
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -258,8 +262,13 @@ LOGGING = {
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT if LOG_FORMAT in {"text", "json"} else "text"},
     },
+    # Lines any client can cause at will (4xx, a bad Host header): one per kind per 10 s.
+    "filters": {"refusals": {"()": "coordinator_project.logging.RefusalThrottle"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
+    "loggers": {
+        "httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"},
+        **{name: {"filters": ["refusals"]} for name in REFUSAL_LOGGERS},
+    },
 }
 
 # --- Periodic sweeps and resharding -------------------------------------------

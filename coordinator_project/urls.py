@@ -25,3 +25,10 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),  # Prometheus (docs/OBSERVABILITY.md)
     path("favicon.ico", views.favicon, name="favicon"),
 ]
+
+# Unknown URLs and Django's other error pages answer the protocol's JSON error body; the
+# admin keeps its HTML pages (coordinator_project.errors, issue 27.10).
+handler400 = "coordinator_project.errors.bad_request"
+handler403 = "coordinator_project.errors.permission_denied"
+handler404 = "coordinator_project.errors.not_found"
+handler500 = "coordinator_project.errors.server_error"

@@ -146,15 +146,16 @@ class LiveServer:
 
 
 @contextmanager
-def running_gunicorn(port: int | None = None, **extra_env: str) -> Iterator[LiveServer]:
+def running_gunicorn(port: int | None = None, log_file: Path | None = None, **extra_env: str) -> Iterator[LiveServer]:
     """Real gunicorn with the shipped config (2 gevent workers) on the test database (on
-    ``port``: a restart where clients already point)."""
+    ``port``: a restart where clients already point; its output to ``log_file`` if given)."""
     port = port or free_port()
     env = {**os.environ, "DATABASE_URL": live_database_url(), "PYTHONUNBUFFERED": "1", **extra_env}
+    log = log_file.open("ab") if log_file is not None else None
     proc = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-w", "2",
          "-b", f"127.0.0.1:{port}", "--log-level", "warning", "coordinator_project.wsgi"],
-        cwd=ROOT, env=env,
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log is not None else None,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -176,6 +177,8 @@ def running_gunicorn(port: int | None = None, **extra_env: str) -> Iterator[Live
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        if log is not None:
+            log.close()
 
 
 @pytest.fixture
