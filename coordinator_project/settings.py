@@ -331,6 +331,12 @@ LEAVE_RATE_PER_KEY = float(os.environ.get("LEAVE_RATE_PER_KEY", str(JOIN_RATE_PE
 LEAVE_BURST_PER_KEY = env_int("LEAVE_BURST_PER_KEY", JOIN_BURST_PER_KEY)
 LEAVE_RATE_PER_IP = float(os.environ.get("LEAVE_RATE_PER_IP", str(JOIN_RATE_PER_IP)))
 LEAVE_BURST_PER_IP = env_int("LEAVE_BURST_PER_IP", JOIN_BURST_PER_IP)
+# Failed API-key lookups per client address and web worker (issue 27.10): a key no cache knows
+# costs a database query; after AUTH_FAILURE_BURST_PER_IP lookups that found no key, refilled at
+# AUTH_FAILURE_RATE_PER_IP a second, such keys from that address get 429 RATE_LIMITED with
+# Retry-After and no query. Keys already cached pass. Rate 0 turns the limit off.
+AUTH_FAILURE_RATE_PER_IP = float(os.environ.get("AUTH_FAILURE_RATE_PER_IP", "2"))
+AUTH_FAILURE_BURST_PER_IP = env_int("AUTH_FAILURE_BURST_PER_IP", 20)
 # --- Operator visibility (PROTOCOL.md §10) ------------------------------------
 # The shard streams are on a Redis Cluster (per-node pipelines for the shard statistics).
 STREAM_REDIS_CLUSTER = os.environ.get("STREAM_REDIS_CLUSTER", "").lower() in {"1", "true", "yes"}

@@ -56,14 +56,14 @@ _auth_refusals = PROCESS.own(
 )
 
 
-def _log_refusal_once(response: Response, context: dict[str, Any]) -> None:
+def _log_refusal_once(response: Response, context: dict[str, Any], code: ErrorCode = ErrorCode.AUTHENTICATION_FAILED) -> None:
     response._has_been_logged = True  # type: ignore[attr-defined]  # no django.request line per request
     if getattr(context.get("view"), "logs_refusals", False):
         return  # the heartbeat view logs its refusals itself (metrics.record_heartbeat)
-    held = _auth_refusals.allow(ErrorCode.AUTHENTICATION_FAILED)
+    held = _auth_refusals.allow(code)
     if held is not None:
         request = context.get("request")
-        log.warning("API request refused: 401 %s %s%s", getattr(request, "method", "?"),
+        log.warning("API request refused: %s %s %s%s", response.status_code, getattr(request, "method", "?"),
                     getattr(request, "path", "?").encode("unicode_escape").decode(),
                     f" ({held} more not logged in the last {_auth_refusals.every:g} s)" if held else "")
 
@@ -83,6 +83,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         response = Response(error_body(ErrorCode.AUTHENTICATION_FAILED, str(exc.detail)), 401)
         response["WWW-Authenticate"] = "Bearer"
         _log_refusal_once(response, context)
+        return response
+    if isinstance(exc, exceptions.Throttled):  # groups.auth: too many unknown keys from an address
+        response = Response(error_body(ErrorCode.RATE_LIMITED, str(exc.detail)), 429)
+        response["Retry-After"] = str(int(exc.wait or 1))
+        _log_refusal_once(response, context, ErrorCode.RATE_LIMITED)
         return response
     if isinstance(exc, exceptions.PermissionDenied):
         return Response(error_body(ErrorCode.AUTHORIZATION_FAILED, str(exc.detail)), 403)

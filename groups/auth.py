@@ -5,7 +5,16 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.request import Request
 
-from groups.services import KeyScope, resolve_api_key
+from groups.ratelimit import auth_lookup_retry_after, note_auth_failure
+from groups.services import KeyScope, cached_api_key, resolve_api_key
+
+
+class AuthLookupsThrottled(exceptions.Throttled):
+    """429 RATE_LIMITED: this address had too many unknown keys looked up (issue 27.10)."""
+
+    def __init__(self, retry: int) -> None:
+        super().__init__(detail=f"too many unknown API keys from this address; retry in {retry} s")
+        self.wait = retry
 
 
 class ApiKeyAuthentication(BaseAuthentication):
@@ -18,7 +27,18 @@ class ApiKeyAuthentication(BaseAuthentication):
         parts = header.split()
         if len(parts) != 2 or parts[0] != self.keyword:
             raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <key>'")
-        scope = resolve_api_key(parts[1])
+        known, scope = cached_api_key(parts[1])
+        if not known:
+            # A database lookup. Beyond AUTH_FAILURE_BURST_PER_IP failed ones from this address
+            # (refilled at AUTH_FAILURE_RATE_PER_IP a second), no lookup at all: 429. Keys the
+            # cache knows still pass, so members that share the address keep working.
+            address = request.META.get("REMOTE_ADDR", "")
+            retry = auth_lookup_retry_after(address)
+            if retry:
+                raise AuthLookupsThrottled(retry)
+            scope = resolve_api_key(parts[1])
+            if scope is None:
+                note_auth_failure(address)
         if scope is None:
             raise exceptions.AuthenticationFailed("unknown, revoked or expired API key")
         return (None, scope)

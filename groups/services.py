@@ -410,6 +410,14 @@ def resolve_api_key(raw: str) -> KeyScope | None:
     return scope
 
 
+def cached_api_key(raw: str) -> tuple[bool, KeyScope | None]:
+    """(True, scope or None) when this key is answered without the database (a cached key, a
+    key cached as unknown, or one no key can be), else (False, None): resolve_api_key queries."""
+    if not raw or len(raw) > MAX_KEY_LENGTH:
+        return True, None
+    return _cached_key(_hash(raw))
+
+
 def _cached_key(digest: str) -> tuple[bool, KeyScope | None]:
     """(True, scope or None) when the caches answer for this key now, else (False, None)."""
     now = time.monotonic()

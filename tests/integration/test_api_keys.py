@@ -55,8 +55,8 @@ def reshard(api: APIClient, fx: GroupFixture, key: str, shards: int = 6) -> Any:
                     HTTP_AUTHORIZATION=f"Bearer {key}")
 
 
-def describe(api: APIClient, fx: GroupFixture, key: str) -> int:
-    return api.get(fx.url(""), HTTP_AUTHORIZATION=f"Bearer {key}").status_code
+def describe(api: APIClient, fx: GroupFixture, key: str, **headers: str) -> int:
+    return api.get(fx.url(""), HTTP_AUTHORIZATION=f"Bearer {key}", **headers).status_code
 
 
 # --- scopes -------------------------------------------------------------------------------------
@@ -280,3 +280,35 @@ def test_joins_beyond_the_per_address_rate_get_429(api: APIClient, orders: Group
     assert beat(api, orders, orders.key, member="a", REMOTE_ADDR="10.0.0.1").status_code == 200
     assert beat(api, orders, orders.key, member="b", REMOTE_ADDR="10.0.0.1").status_code == 429
     assert beat(api, orders, orders.key, member="b", REMOTE_ADDR="10.0.0.2").status_code == 200
+
+
+# A refill so slow that no token comes back during the test, however loaded the machine.
+@override_settings(AUTH_FAILURE_RATE_PER_IP=0.001, AUTH_FAILURE_BURST_PER_IP=5)
+def test_i27_10_random_unknown_keys_from_one_address_get_429_without_a_query_after_the_burst(
+        api: APIClient, orders: GroupFixture):
+    from groups.services import clear_key_cache
+
+    attacker, other = "10.9.0.1", "10.9.0.2"
+    with CaptureQueriesContext(connection) as looked_up:
+        codes = [beat(api, orders, f"rsc_random-{i}", REMOTE_ADDR=attacker).status_code for i in range(5)]
+    assert codes == [401] * 5
+    assert len(looked_up) >= 5  # each unknown key cost a query: the burst
+    with CaptureQueriesContext(connection) as throttled:
+        answers = [beat(api, orders, f"rsc_random-more-{i}", REMOTE_ADDR=attacker) for i in range(200)]
+        # the same refusal on the other endpoints (authentication is shared)
+        assert describe(api, orders, "rsc_random-describe", REMOTE_ADDR=attacker) == 429
+    assert {r.status_code for r in answers} == {429}
+    assert len(throttled) == 0, [q["sql"] for q in throttled.captured_queries]
+    assert answers[0].json()["errorCode"] == "RATE_LIMITED"
+    assert int(answers[0]["Retry-After"]) >= 1
+    # Another address still has its keys looked up; a key the cache knows passes from either.
+    clear_key_cache()
+    assert beat(api, orders, "rsc_random-other", REMOTE_ADDR=other).status_code == 401
+    assert beat(api, orders, orders.key, member="a", REMOTE_ADDR=other).status_code == 200
+    assert beat(api, orders, orders.key, member="b", REMOTE_ADDR=attacker).status_code == 200
+
+
+@override_settings(AUTH_FAILURE_RATE_PER_IP=0)
+def test_i27_10_the_failed_lookup_limit_is_off_at_rate_zero(api: APIClient, orders: GroupFixture):
+    codes = {beat(api, orders, f"rsc_random-{i}", REMOTE_ADDR="10.9.0.3").status_code for i in range(60)}
+    assert codes == {401}
