@@ -42,7 +42,7 @@ def permission_denied(request: HttpRequest, exception: Exception | None = None) 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if _html(request):
-        return defaults.page_not_found(request, exception)  # type: ignore[arg-type]
+        return defaults.page_not_found(request, exception)
     # The path is not echoed: it is the client's own, and may carry anything.
     return _json(404, ErrorCode.INVALID_REQUEST, "url: no such endpoint (see /api/schema/)")
 
