@@ -86,7 +86,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return response
     if isinstance(exc, exceptions.Throttled):  # groups.auth: too many unknown keys from an address
         response = Response(error_body(ErrorCode.RATE_LIMITED, str(exc.detail)), 429)
-        response["Retry-After"] = str(int(exc.wait or 1))
+        response["Retry-After"] = str(int(getattr(exc, "wait", None) or 1))
         _log_refusal_once(response, context, ErrorCode.RATE_LIMITED)
         return response
     if isinstance(exc, exceptions.PermissionDenied):
