@@ -12,9 +12,18 @@ finds a connection within about a second.
 
 It also bounds the rollback of a connection handed back inside a transaction: on a frozen
 server it would otherwise wait forever in the greenlet that returns it.
+
+And a request dropped while it queues for a connection leaves the queue (issue 27.4's open
+defect). The request deadline (coordinator_project.wsgi_guard) is a BaseException raised where
+the request waits; psycopg_pool's waiter handles only `Exception`, so a dropped waiter stayed
+in the pool's queue, and the next connection handed back went to it and was never seen again.
+Two such drops emptied a gevent worker's "default" pool for good: every later request waited,
+no statement reached PostgreSQL, and every answer was the deadline's 503 (the 10,000-member
+storm's stall).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -25,7 +34,7 @@ from django.db.backends.base.base import NO_DB_ALIAS
 from django.db.backends.postgresql import base
 from psycopg import Connection
 from psycopg_pool import ConnectionPool, PoolTimeout
-from psycopg_pool.pool import AddConnection, MaintenanceTask
+from psycopg_pool.pool import AddConnection, MaintenanceTask, ReturnConnection, WaitingClient
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +82,38 @@ class FailFastPool(ConnectionPool[Connection[Any]]):
                 self._putconn(conn, from_getconn=True)
                 raise
             return conn
+
+    def _getconn_unchecked(self, timeout: float) -> Connection[Any]:
+        # As psycopg_pool's, except for the BaseException branch (see the module docstring).
+        with self._lock:
+            conn = self._get_ready_connection(timeout)
+            if conn is None:
+                pos: WaitingClient[Connection[Any]] = WaitingClient()
+                self._waiting.append(pos)
+                self._stats[self._REQUESTS_QUEUED] += 1
+                self._maybe_grow_pool()
+        if conn is None:
+            try:
+                conn = pos.wait(timeout=timeout)
+            except Exception:
+                if pos.conn:  # handed over as the wait failed: back to the pool
+                    self.run_task(ReturnConnection(self, pos.conn, from_getconn=True))
+                self._stats[self._REQUESTS_ERRORS] += 1
+                raise
+            except BaseException:
+                self._leave_queue(pos)
+                raise
+        conn._pool = self
+        return conn
+
+    def _leave_queue(self, pos: WaitingClient[Connection[Any]]) -> None:
+        """A waiter dropped by a BaseException (the request deadline) leaves the queue; a
+        connection handed to it meanwhile goes back to the pool (to the next waiter)."""
+        with self._lock, contextlib.suppress(ValueError):
+            self._waiting.remove(pos)
+        if not pos.fail(PoolTimeout("the request waiting for a connection was dropped")) and pos.conn:
+            self.run_task(ReturnConnection(self, pos.conn, from_getconn=True))
+        self._stats[self._REQUESTS_ERRORS] += 1
 
     def _connect(self, timeout: float | None = None) -> Connection[Any]:
         try:
