@@ -10,6 +10,7 @@ load -> core -> save sequence.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -19,7 +20,7 @@ from django.db import connection
 from assignments.models import ShardAssignment
 from coordination.model import LIVE_STATUSES, GroupState, Member, MemberStatus, ShardSlot
 from coordinator_project.process_state import PROCESS, ProcessCache
-from groups.models import Group, Installation, Shard, VersionState
+from groups.models import Group, Installation, Shard, ShardVersion, VersionState
 from members.models import Member as MemberRow
 
 LIVE = [s.value for s in LIVE_STATUSES]
@@ -107,7 +108,7 @@ def row_id_of(loaded: Loaded, name: str | None) -> int | None:
     return pk if pk is not None else loaded.other_pk[name]
 
 
-def in_list(values: tuple[str, ...] | list[str]) -> str:
+def in_list(values: Sequence[object]) -> str:
     """A portable IN list (SQLite has no = ANY); (NULL) matches nothing."""
     return "(" + ", ".join(["%s"] * len(values)) + ")" if values else "(NULL)"
 
@@ -222,6 +223,43 @@ def load_state(
     if lock_members and connection.features.has_select_for_update:
         member_sql += " FOR UPDATE"
     return _load(group, member_sql, [group.pk, *LIVE, *also], SLOT_SQL, [group.pk], also)
+
+
+def load_page(group: Group, offset: int, limit: int) -> tuple[GroupState, list[str], list[str]]:
+    """A partial snapshot for one page of describe (issue 26.3): the live members of the page
+    (in id order) with every slot they hold or target, and the slots of the page (natural
+    order: version, then index; retired versions left out) with their live owners. Returns it
+    with the page's member ids and shard ids, in order (those the snapshot holds). A fixed
+    number of statements, each bounded by the page size: describe does not read 10,000
+    members to show 1,000."""
+    page_members = (
+        f"SELECT id FROM {MemberRow._meta.db_table} WHERE group_id = %s AND status IN {in_list(LIVE)}"
+        " ORDER BY member_id LIMIT %s OFFSET %s")
+    members_params = [group.pk, *LIVE, limit, offset]
+    page_slots = (
+        f"SELECT a.id FROM {ShardAssignment._meta.db_table} a JOIN {Shard._meta.db_table} s ON s.id = a.shard_id"
+        f" JOIN {ShardVersion._meta.db_table} v ON v.id = s.version_id WHERE a.group_id = %s AND v.state <> %s"
+        " ORDER BY v.version, s.index LIMIT %s OFFSET %s")
+    slots_params = [group.pk, VersionState.RETIRED, limit, offset]
+    with connection.cursor() as cursor:
+        cursor.execute(page_members.replace("SELECT id", "SELECT member_id", 1), members_params)
+        member_ids = [mid for (mid,) in cursor.fetchall()]
+        cursor.execute(page_slots, slots_params)
+        slot_pks = [pk for (pk,) in cursor.fetchall()]
+    # Each IN is a subquery (or a UNION of index lookups), not a list of a page of parameters.
+    member_sql = (
+        MEMBER_SQL + f" AND status IN {in_list(LIVE)} AND (id IN ({page_members}) OR id IN"
+        f" (SELECT owner_id FROM {ShardAssignment._meta.db_table} WHERE id IN ({page_slots})))")
+    member_params = [group.pk, *LIVE, *members_params, *slots_params]
+    slot_sql = (
+        f"{SLOT_SQL} AND owner_id IN ({page_members}) UNION {SLOT_SQL} AND target_id IN ({page_members})"
+        f" UNION {SLOT_SQL} AND id IN ({page_slots})")
+    slot_params = [group.pk, *members_params, group.pk, *members_params, group.pk, *slots_params]
+    state, loaded = _load(group, member_sql, member_params, slot_sql, slot_params, ())
+    by_pk = {pk: sid for sid, pk in loaded.slot_pk.items()}
+    # Rows may change between statements (no lock): show what the snapshot holds.
+    return (state, [mid for mid in member_ids if mid in state.members],
+            [by_pk[pk] for pk in slot_pks if pk in by_pk])
 
 
 def _load(

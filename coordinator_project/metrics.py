@@ -293,11 +293,11 @@ def _backlog_families(groups: list[Group]) -> Iterator[GaugeMetricFamily]:
         "1 when the group's per-shard series are left out: more live shards than METRICS_SHARD_SERIES_MAX_SHARDS.",
         labels=["group"])
     most = int(getattr(settings, "METRICS_SHARD_SERIES_MAX_SHARDS", 4096))
-    shard_ids: dict[int, list[str]] = {}
+    shard_ids: dict[int, tuple[str, ...]] = {}
     for g in groups:
         ids = shard_ids.get(g.stream_id)
         if ids is None:
-            ids = shard_ids[g.stream_id] = group_selectors.live_shard_ids(g.stream_id)
+            ids = shard_ids[g.stream_id] = group_selectors.live_shard_ids(g.stream_id, g.stream.metadata_epoch)
         stats = shardstats.shard_stats(g.name, g.stream.key_prefix, ids)
         up.add_metric([g.name], 1 if stats.ok else 0)
         if not stats.ok:

@@ -32,12 +32,12 @@ def dashboard(now: datetime) -> dict[str, Any]:
         for s in selectors.streams()
     ]
     by_liveness = member_selectors.liveness_by_group(now)
-    shard_ids: dict[int, list[str]] = {}
+    shard_ids: dict[int, tuple[str, ...]] = {}
     group_lines = []
     for g in selectors.groups_with_streams():
         ids = shard_ids.get(g.stream_id)
         if ids is None:
-            ids = shard_ids[g.stream_id] = selectors.live_shard_ids(g.stream_id)
+            ids = shard_ids[g.stream_id] = selectors.live_shard_ids(g.stream_id, g.stream.metadata_epoch)
         stats = shardstats.shard_stats(g.name, g.stream.key_prefix, ids)
         counts = by_liveness.get(g.pk, Counter())
         late = sum(counts[s] for s in NEEDS_ATTENTION)

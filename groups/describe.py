@@ -7,15 +7,17 @@ snapshot of committed rows plus Redis figures at most a cache period old.
 """
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
 
-from assignments.selectors import read_group_state
+from assignments.selectors import GroupPage, read_group_page, read_group_state
 from coordination import engine
-from coordination.liveness import liveness
-from coordination.model import GroupState, ShardSlot, ShardState
+from coordination.liveness import cutoffs
+from coordination.model import LIVE_STATUSES, GroupState, ShardSlot, ShardState
 from dataplane.routing import shard_sort_key
 from groups import selectors, shardstats
 from groups.models import Group
@@ -37,27 +39,46 @@ def _ms_since(then: datetime | None, now: datetime) -> int | None:
     return None if then is None else max(0, int((now - then).total_seconds() * 1000))
 
 
+# Issue 26.3: describe answers one page of members and of shards; the counts are the group's.
+DEFAULT_PAGE_SIZE = 1000
+MAX_PAGE_SIZE = 5000
+
+
+@dataclass(frozen=True)
+class Page:
+    group: GroupPage
+    number: int
+    size: int
+
+
 def describe_document(
     group: Group, state: GroupState, stats: shardstats.GroupStats, now: datetime,
-    versions: dict[str, str] | None = None,
+    versions: dict[str, str] | None = None, page: Page | None = None,
 ) -> dict[str, Any]:
-    """``versions``: memberId -> library version (members.selectors.library_versions)."""
+    """The document for the members and shards of `page` (every one of `state` when None).
+    ``versions``: memberId -> library version (members.selectors.library_versions)."""
     versions = versions or {}
+    if page is None:
+        member_ids = sorted(m.member_id for m in state.live_members())
+        keys = {sid: shard_sort_key(sid) for sid in state.shards}
+        shard_ids = sorted(keys, key=keys.__getitem__)
+        phase = engine.group_phase(state)
+    else:
+        member_ids, shard_ids, phase = page.group.member_ids, page.group.shard_ids, page.group.phase
     # Natural shard order computed once; member lists sort by rank (thousands of shards).
     keys = {sid: shard_sort_key(sid) for sid in state.shards}
-    ordered = sorted(keys, key=keys.__getitem__)
-    rank = {sid: i for i, sid in enumerate(ordered)}
+    rank = {sid: i for i, sid in enumerate(sorted(keys, key=keys.__getitem__))}
 
     def in_order(shards: set[str] | frozenset[str]) -> list[str]:
         return sorted(shards, key=rank.__getitem__)
 
     members = []
-    by_id = {}
-    for m in sorted(state.live_members(), key=lambda m: m.member_id):
+    classify = cutoffs(now, state.heartbeat_interval_ms, state.session_timeout_ms).classify
+    for mid in member_ids:
+        m = state.members[mid]
         granted = state.granted_to(m.member_id)
         target = state.target_of(m.member_id)
-        _, alive = liveness(m.last_heartbeat_at, now, state.heartbeat_interval_ms, state.session_timeout_ms)
-        by_id[m.member_id] = m
+        alive = classify(m.last_heartbeat_at)
         members.append({
             "memberId": m.member_id,
             "instanceId": m.instance_id,  # static membership (§9)
@@ -77,9 +98,11 @@ def describe_document(
             "expiresInS": None if (left := engine.l1s_expires_in_s(state, m, now)) is None else round(left),
         })
     shards = []
-    for sid in ordered:
+    for sid in shard_ids:
         slot = state.shards[sid]
-        owner = by_id.get(slot.owner) if slot.owner else None
+        owner = state.members.get(slot.owner) if slot.owner else None
+        if owner is not None and not owner.live:
+            owner = None
         fig = stats.shard(slot.shard_id)
         shards.append({
             "shardId": slot.shard_id,
@@ -96,10 +119,21 @@ def describe_document(
             "entriesRead": fig.entries_read,
             "dlqLength": fig.dlq_length,
         })
+    if page is None:
+        member_counts = dict.fromkeys(sorted(s.value for s in LIVE_STATUSES), 0)
+        member_counts.update(Counter(state.members[mid].status.value for mid in member_ids))
+        shard_counts = dict.fromkeys([s.value for s in ShardState], 0)
+        shard_counts.update(Counter(shard_state(state.shards[sid]).value for sid in shard_ids))
+        paging = {"page": 1, "pageSize": None, "members": len(member_ids), "shards": len(shard_ids), "lastPage": 1}
+    else:
+        member_counts, shard_counts = page.group.member_counts, page.group.shard_counts
+        totals = max(page.group.members_total, page.group.shards_total)
+        paging = {"page": page.number, "pageSize": page.size, "members": page.group.members_total,
+                  "shards": page.group.shards_total, "lastPage": max(1, -(-totals // page.size))}
     return {
         "group": group.name,
         "stream": group.stream.name,
-        "state": engine.group_phase(state).value,
+        "state": phase.value,
         "streamState": group.stream.state,
         "groupEpoch": state.group_epoch,
         "assignmentEpoch": state.assignment_epoch,
@@ -108,6 +142,10 @@ def describe_document(
         "paused": group.paused_at is not None,
         "pausedAt": group.paused_at.isoformat() if group.paused_at else None,
         "pausedBy": group.paused_by or None,
+        # Issue 26.3: counts of the whole group; `members` and `shards` are one page of it.
+        "memberCounts": member_counts,
+        "shardCounts": shard_counts,
+        "paging": paging,
         "members": members,
         "shards": shards,
         "totals": {"lag": stats.lag, "pending": stats.pending, "dlq": stats.dlq},
@@ -115,12 +153,20 @@ def describe_document(
     }
 
 
-def describe_group(name: str, now: datetime | None = None) -> dict[str, Any] | None:
-    """GET /api/v1/groups/{group} and `describe_group`: who holds what, how far behind."""
+def describe_group(
+    name: str, now: datetime | None = None, *, page: int = 1, page_size: int | None = DEFAULT_PAGE_SIZE,
+) -> dict[str, Any] | None:
+    """GET /api/v1/groups/{group} and `describe_group`: who holds what, how far behind. One page
+    of `page_size` members and of shards (1-based `page`; the counts are the group's), or
+    everything with `page_size=None` (reads the whole group: for tools, not for pages)."""
     group = selectors.group_with_stream(name)
     if group is None:
         return None
-    state = read_group_state(group)
     stats = selectors.group_shard_stats(group)
-    versions = member_selectors.library_versions(group)
-    return describe_document(group, state, stats, now or timezone.now(), versions)
+    if page_size is None:
+        versions = member_selectors.library_versions(group)
+        return describe_document(group, read_group_state(group), stats, now or timezone.now(), versions)
+    view = read_group_page(group, page, page_size)
+    versions = member_selectors.library_versions(group, view.member_ids)
+    return describe_document(group, view.state, stats, now or timezone.now(), versions,
+                             Page(view, page, page_size))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.db.models import Count, Q, QuerySet
 
 from coordination.model import LIVE_STATUSES
+from coordinator_project.process_state import PROCESS, ProcessCache
 from groups import shardstats
 from groups.models import Event, Group, Shard, ShardVersion, Stream, SweepRun, VersionState
 
@@ -61,17 +62,35 @@ def group_events(group: Group, limit: int = 20) -> list[Event]:
     )
 
 
-# Live shard ids per (stream, metadataEpoch) would need the stream row; ids are cheap to read
-# (one indexed query), and their order is the display order.
-def live_shard_ids(stream_id: int) -> list[str]:
-    return list(
-        Shard.objects.filter(version__stream_id=stream_id)
-        .exclude(version__state=VersionState.RETIRED)
-        .order_by("version__version", "index")
-        .values_list("shard_id", flat=True)
-    )
+# Live shard ids in display order, kept per (stream, metadataEpoch): at 16,384 shards reading
+# them cost every describe and page tens of milliseconds (issue 26.3).
+_live_ids: ProcessCache[tuple[int, int], tuple[str, ...]] = PROCESS.own(
+    "live shard ids", ProcessCache(),
+    "A stream's live (not retired) shard ids in order. key: (stream id, stream metadataEpoch);"
+    " bound: 64 entries, then emptied; invalidated: a new stream metadataEpoch (every change of"
+    " versions raises it); N hosts: every host reads the same rows for one epoch.",
+)
+
+
+def live_shard_ids(stream_id: int, metadata_epoch: int | None = None) -> tuple[str, ...]:
+    """The stream's live shard ids in order; kept for a stream metadataEpoch when given."""
+    key = (stream_id, metadata_epoch if metadata_epoch is not None else -1)
+    hit = _live_ids.get(key) if metadata_epoch is not None else None
+    if hit is None:
+        hit = tuple(
+            Shard.objects.filter(version__stream_id=stream_id)
+            .exclude(version__state=VersionState.RETIRED)
+            .order_by("version__version", "index")
+            .values_list("shard_id", flat=True)
+        )
+        if metadata_epoch is not None:
+            if len(_live_ids) >= 64:
+                _live_ids.clear()
+            _live_ids[key] = hit
+    return hit
 
 
 def group_shard_stats(group: Group, *, fresh: bool = False) -> shardstats.GroupStats:
     """The Redis figures (lag, pending, DLQ) of a group on its live (not retired) shards."""
-    return shardstats.shard_stats(group.name, group.stream.key_prefix, live_shard_ids(group.stream_id), fresh=fresh)
+    ids = live_shard_ids(group.stream_id, group.stream.metadata_epoch)
+    return shardstats.shard_stats(group.name, group.stream.key_prefix, ids, fresh=fresh)

@@ -1,7 +1,7 @@
 """GET /api/v1/groups/{group} (describe, §10); POST .../pause and .../resume (§11)."""
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -14,7 +14,7 @@ from dataplane.protocol import ErrorCode
 from groups.access import authorize_group
 from groups.api_errors import error_body
 from groups.auth import require_scope
-from groups.describe import describe_group
+from groups.describe import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, describe_group
 from groups.errors import ServiceError
 from groups.models import Group
 from groups.services import pause_group, resume_group, url_name_problem
@@ -68,8 +68,19 @@ _described = inline_serializer("DescribedGroup", {
     "paused": serializers.BooleanField(help_text="the group is paused (§11): members hold their shards and read nothing"),
     "pausedAt": serializers.DateTimeField(allow_null=True),
     "pausedBy": serializers.CharField(allow_null=True, help_text="who paused it (cli:<user>, admin:<user>, api-key:<id>)"),
-    "members": serializers.ListField(child=_member),
-    "shards": serializers.ListField(child=_shard),
+    "memberCounts": serializers.DictField(
+        child=serializers.IntegerField(), help_text="live members of the whole group by state (issue 26.3)"),
+    "shardCounts": serializers.DictField(
+        child=serializers.IntegerField(), help_text="live shards of the whole group by state"),
+    "paging": inline_serializer("DescribedPaging", {
+        "page": serializers.IntegerField(help_text="this page, from 1"),
+        "pageSize": serializers.IntegerField(allow_null=True, help_text="members and shards per page"),
+        "members": serializers.IntegerField(help_text="live members in the group"),
+        "shards": serializers.IntegerField(help_text="live shards in the group"),
+        "lastPage": serializers.IntegerField(help_text="the last page that lists a member or a shard"),
+    }),
+    "members": serializers.ListField(child=_member, help_text="this page's live members, by memberId"),
+    "shards": serializers.ListField(child=_shard, help_text="this page's shards, in shard order"),
     "totals": inline_serializer("DescribedTotals", {
         "lag": serializers.IntegerField(allow_null=True),
         "pending": serializers.IntegerField(allow_null=True),
@@ -83,16 +94,36 @@ _described = inline_serializer("DescribedGroup", {
 })
 
 
+def _positive(request: Request, name: str, default: int, most: int) -> int | str:
+    """A query parameter that must be a whole number from 1 to `most`, or the problem with it."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= most:
+        return f"{name}: {raw[:40]!r} is not a whole number from 1 to {most}"
+    return int(raw)
+
+
 class DescribeGroupView(APIView):
     @extend_schema(
-        responses={200: _described},
-        summary="Describe a group: epochs, members, shards with lag, pending and DLQ length",
+        responses={200: _described, 400: ErrorBodySerializer},
+        parameters=[
+            OpenApiParameter("page", int, description="the page of members and shards, from 1 (default 1)"),
+            OpenApiParameter("pageSize", int, description=(
+                f"members and shards per page, 1 to {MAX_PAGE_SIZE} (default {DEFAULT_PAGE_SIZE})")),
+        ],
+        summary="Describe a group: epochs, counts, a page of members and of shards with lag, pending and DLQ length",
     )
     def get(self, request: Request, group: str) -> Response:
         refused = authorize_group(request, group)
         if refused is not None:
             return refused
-        doc = describe_group(group)
+        page = _positive(request, "page", 1, 10**9)
+        size = _positive(request, "pageSize", DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        for value in (page, size):
+            if isinstance(value, str):
+                return Response(error_body(ErrorCode.INVALID_REQUEST, value), 400)
+        doc = describe_group(group, page=int(page), page_size=int(size))
         if doc is None:
             return Response(error_body(ErrorCode.GROUP_ID_NOT_FOUND, f"group {group!r} does not exist"), 404)
         return Response(doc)

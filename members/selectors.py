@@ -7,6 +7,7 @@ instants `liveness.cutoffs` gives per group. Never a write, never a lock.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from datetime import datetime
 
 from django.db.models import Count, Q, QuerySet
@@ -68,8 +69,11 @@ def with_shard_counts(members: QuerySet[Member]) -> QuerySet[Member]:
     )
 
 
-def library_versions(group: Group) -> dict[str, str]:
-    """memberId -> the client library and version its join named (issue 25.7), live members."""
+def library_versions(group: Group, member_ids: Sequence[str] | None = None) -> dict[str, str]:
+    """memberId -> the client library and version its join named (issue 25.7), live members
+    (only these, when given: one describe page)."""
     rows = Member.objects.filter(group=group, status__in=[s.value for s in LIVE_STATUSES])
+    if member_ids is not None:
+        rows = rows.filter(member_id__in=list(member_ids))
     return dict(rows.values_list("member_id", "library_version"))
 

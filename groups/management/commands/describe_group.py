@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from coordination.model import ShardState
-from groups.describe import describe_group
+from groups.describe import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, describe_group
 from groups.models import Group, Stream
 
 
@@ -43,6 +43,14 @@ def member_rows(members: list[dict[str, Any]]) -> tuple[tuple[str, ...], list[tu
     ]
 
 
+def summary(doc: dict[str, Any]) -> str:
+    """The group's counts on one line: members by state, shards by state (issue 26.3)."""
+    members = " ".join(f"{k} {v}" for k, v in doc["memberCounts"].items() if v)
+    shards = " ".join(f"{k} {v}" for k, v in doc["shardCounts"].items() if v)
+    return (f"COUNTS  members {doc['paging']['members']}{f' ({members})' if members else ''}  "
+            f"shards {doc['paging']['shards']}{f' ({shards})' if shards else ''}")
+
+
 class Command(BaseCommand):
     help = (
         "Show a group's shards (owner, last-delivered ID, lag, pending, DLQ) and members; with --all"
@@ -55,11 +63,17 @@ class Command(BaseCommand):
         parser.add_argument("--stream", help="every group of this stream")
         parser.add_argument("--json", action="store_true",
                             help="print the describe API document (a list of them with --all/--stream)")
+        parser.add_argument("--page", type=int, default=1,
+                            help="which page of members and shards to list, from 1 (the counts are the group's)")
+        parser.add_argument("--page-size", type=int, default=DEFAULT_PAGE_SIZE,
+                            help=f"members and shards per page, 1 to {MAX_PAGE_SIZE} (default {DEFAULT_PAGE_SIZE})")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         chosen = [bool(opts["name"]), opts["all"], opts["stream"] is not None]
         if sum(chosen) != 1:
             raise CommandError("name one group, or give --all or --stream S")
+        if opts["page"] < 1 or not 1 <= opts["page_size"] <= MAX_PAGE_SIZE:
+            raise CommandError(f"--page must be 1 or more and --page-size from 1 to {MAX_PAGE_SIZE}")
         if opts["name"]:
             names = [opts["name"]]
         else:
@@ -71,7 +85,7 @@ class Command(BaseCommand):
             names = list(groups.values_list("name", flat=True))
         docs = []
         for name in names:
-            doc = describe_group(name)
+            doc = describe_group(name, page=opts["page"], page_size=opts["page_size"])
             if doc is None:
                 if opts["name"]:
                     raise CommandError(f"group {name!r} does not exist")
@@ -102,6 +116,11 @@ class Command(BaseCommand):
             out(f"TOTAL LAG {totals['lag']}  PENDING {totals['pending']}  DLQ {totals['dlq']}  (as of {redis['asOf']})")
         else:
             out(f"TOTAL LAG -  PENDING -  DLQ -  (Redis not readable: {redis['error']})")
+        out(summary(doc))
+        paging = doc["paging"]
+        if paging["lastPage"] > 1 or paging["page"] > 1:
+            more = (f"; --page {paging['page'] + 1} for the next" if paging["page"] < paging["lastPage"] else "")
+            out(f"PAGE {paging['page']} of {paging['lastPage']} ({paging['pageSize']} members and shards a page{more})")
         out("")
         out("\n".join(table(
             ("SHARD", "STATE", "OWNER", "CLIENT", "LAST-DELIVERED", "LAG", "PENDING", "DLQ"),

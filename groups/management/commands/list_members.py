@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from groups.describe import describe_group
+from groups.describe import MAX_PAGE_SIZE, describe_group
 from groups.management.commands.describe_group import member_rows, table
 
 
@@ -18,13 +18,18 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="the members of the describe API document")
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        doc = describe_group(opts["group"])
+        # Every member, a describe page at a time (each read is bounded; issue 26.3).
+        doc = describe_group(opts["group"], page_size=MAX_PAGE_SIZE)
         if doc is None:
             raise CommandError(f"group {opts['group']!r} does not exist")
+        members = list(doc["members"])
+        for page in range(2, doc["paging"]["lastPage"] + 1):
+            more = describe_group(opts["group"], page=page, page_size=MAX_PAGE_SIZE)
+            members.extend(more["members"] if more else [])
         if opts["json"]:
-            self.stdout.write(json.dumps(doc["members"], indent=2))
+            self.stdout.write(json.dumps(members, indent=2))
             return
-        if not doc["members"]:
+        if not members:
             self.stdout.write(f"group {doc['group']} has no live members")
             return
-        self.stdout.write("\n".join(table(*member_rows(doc["members"]))))
+        self.stdout.write("\n".join(table(*member_rows(members))))

@@ -1,0 +1,143 @@
+"""Issue 26.3: describe at 10,000 members × 16,384 shards answers one page of members and of
+shards with the whole group's counts, from a fixed number of statements each bounded by the
+page size; the API, `describe_group` and `list_members` page through the rest. The group is
+built in bulk (bench.bigroup); the assertions are on queries and sizes, not wall time."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from io import StringIO
+
+import pytest
+import redis
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from bench.bigroup import build_settled_group, drop_backlog, member_name
+from groups import shardstats
+from groups.describe import DEFAULT_PAGE_SIZE, describe_group
+from groups.models import Group
+from groups.services import create_api_key
+
+pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
+
+MEMBERS, SHARDS = 10_000, 16_384
+MOST_QUERIES = 12  # group, live shard ids, two page reads, members, slots, counts: not per member
+
+
+@pytest.fixture
+def big() -> Iterator[Group]:
+    shardstats.clear_cache()
+    group = build_settled_group("paged", "big", MEMBERS, SHARDS)
+    yield group
+    shardstats.clear_cache()
+
+
+@pytest.fixture
+def mixed() -> Iterator[Group]:
+    """A small group in every state: revoking, unowned, pending (target elsewhere), drained."""
+    r = redis.Redis.from_url(settings.STREAM_REDIS_URL)
+    shardstats.clear_cache()
+    group = build_settled_group("mixed", "mixed", 23, 61)
+    with connection.cursor() as cur:
+        cur.execute("UPDATE assignments_shardassignment SET revoking = true WHERE group_id = %s AND id %% 7 = 0",
+                    [group.pk])
+        cur.execute("UPDATE assignments_shardassignment SET owner_id = NULL WHERE group_id = %s AND id %% 11 = 0",
+                    [group.pk])
+        cur.execute("""UPDATE assignments_shardassignment SET target_id = (SELECT min(id) FROM members_member
+                       WHERE group_id = %s) WHERE group_id = %s AND id %% 5 = 0""", [group.pk, group.pk])
+        cur.execute("UPDATE members_member SET status = 'REVOKING' WHERE group_id = %s AND id %% 4 = 0", [group.pk])
+        cur.execute("UPDATE members_member SET status = 'LEFT' WHERE group_id = %s AND id %% 9 = 0", [group.pk])
+    yield group
+    drop_backlog(r, "mixed")
+    r.close()
+    shardstats.clear_cache()
+
+
+def test_i26_3_describe_pages_add_up_to_the_whole_document(mixed: Group):
+    """Every page's members and shards, in order, are the full document's, with the same
+    entries (owners, targets, pending, revoking, unowned), and every page carries the whole
+    group's counts and phase."""
+    now = timezone.now()  # sinceLastHeartbeatMs is relative to it
+    full = describe_group("mixed", now, page_size=None)
+    assert full is not None
+    members, shards = [], []
+    page = 1
+    while True:
+        doc = describe_group("mixed", now, page=page, page_size=7)
+        assert doc is not None
+        assert (doc["state"], doc["memberCounts"], doc["shardCounts"]) == (
+            full["state"], full["memberCounts"], full["shardCounts"])
+        assert doc["paging"] == {"page": page, "pageSize": 7, "members": len(full["members"]),
+                                 "shards": len(full["shards"]), "lastPage": -(-61 // 7)}
+        members += doc["members"]
+        shards += doc["shards"]
+        if page == doc["paging"]["lastPage"]:
+            break
+        page += 1
+    assert members == full["members"]
+    assert shards == full["shards"]
+    assert set(full["shardCounts"]) == {"granted", "revoking", "unowned", "drained"}
+    assert full["shardCounts"]["revoking"]
+    assert full["shardCounts"]["unowned"]
+    assert full["memberCounts"]["REVOKING"]
+    assert full["state"] == "RECONCILING"
+
+
+def test_i26_3_describe_at_10000_members_16384_shards_reads_a_page_not_the_group(big: Group):
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {create_api_key(group='big')}")
+    api.get("/api/v1/groups/big")  # per-process caches (shard catalogue, live shard ids)
+    with CaptureQueriesContext(connection) as queries:
+        response = api.get("/api/v1/groups/big")
+    assert response.status_code == 200
+    doc = response.json()
+    assert len(queries) <= MOST_QUERIES, [q["sql"][:120] for q in queries]
+    assert len(response.content) < 1_000_000, len(response.content)  # the whole group was 7.3 MB
+    assert doc["memberCounts"]["STABLE"] == MEMBERS
+    assert doc["shardCounts"] == {"granted": SHARDS, "revoking": 0, "unowned": 0, "drained": 0}
+    assert doc["paging"] == {"page": 1, "pageSize": DEFAULT_PAGE_SIZE, "members": MEMBERS, "shards": SHARDS,
+                             "lastPage": 17}
+    assert [m["memberId"] for m in doc["members"]] == [member_name(i) for i in range(DEFAULT_PAGE_SIZE)]
+    assert [s["shardId"] for s in doc["shards"][:2]] == ["paged:1:0", "paged:1:1"]
+    assert doc["state"] == "STABLE"
+    # Each member's shards are complete on its page (m-0007 holds 7, 10007 of 16,384).
+    assert doc["members"][7]["assignedShards"] == ["paged:1:7", "paged:1:10007"]
+    # The last page: the shards beyond the members, no member left.
+    with CaptureQueriesContext(connection) as queries:
+        last = api.get("/api/v1/groups/big?page=17&pageSize=1000").json()
+    assert len(queries) <= MOST_QUERIES
+    assert last["members"] == []
+    assert [s["shardId"] for s in last["shards"]] == [f"paged:1:{i}" for i in range(16_000, SHARDS)]
+    assert last["shards"][0]["owner"] == member_name(16_000 % MEMBERS)
+    for bad in ("page=0", "page=x", "pageSize=5001", "pageSize=-1", "page=١"):  # noqa: RUF001
+        refused = api.get(f"/api/v1/groups/big?{bad}")
+        assert refused.status_code == 400, bad
+        assert refused.json()["errorCode"] == "INVALID_REQUEST"
+
+
+def test_i26_3_describe_group_command_prints_counts_and_one_page_list_members_every_member(big: Group):
+    out = StringIO()
+    with CaptureQueriesContext(connection) as queries:
+        call_command("describe_group", "big", "--page-size", "50", "--page", "2", stdout=out)
+    assert len(queries) <= MOST_QUERIES
+    text = out.getvalue()
+    assert f"COUNTS  members {MEMBERS} (STABLE {MEMBERS})  shards {SHARDS} (granted {SHARDS})" in text
+    assert "PAGE 2 of 328 (50 members and shards a page; --page 3 for the next)" in text
+    assert len(text.splitlines()) < 120  # 50 shards and 50 members, not 26,000 lines
+    assert member_name(50) in text
+    assert member_name(100) not in text
+    doc = json.loads(_run("describe_group", "big", "--json"))
+    assert len(doc["members"]) == DEFAULT_PAGE_SIZE
+    listed = json.loads(_run("list_members", "big", "--json"))
+    assert [m["memberId"] for m in listed] == [member_name(i) for i in range(MEMBERS)]
+
+
+def _run(*argv: str) -> str:
+    out = StringIO()
+    call_command(*argv, stdout=out)
+    return out.getvalue()
