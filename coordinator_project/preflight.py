@@ -146,10 +146,33 @@ def database_problem(exc: BaseException) -> str | None:
                 " then run manage.py migrate")
     if re.search(r'relation "[^"]+" does not exist|no such table', text):
         return f"the database {where} is not migrated: run manage.py migrate"
+    if re.search(r'column "?[\w.]+"? does not exist|no such column|has no column named', text):
+        # Migrated by an older release (an upgrade without migrate). Only when migrations are
+        # in fact unapplied: a column missing otherwise is a bug, and keeps its traceback.
+        pending = _unapplied_migrations()
+        if pending:
+            more = f" and {len(pending) - 1} more" if len(pending) > 1 else ""
+            return (f"the database {where} lacks migrations of this release ({pending[0]}{more}):"
+                    " run manage.py migrate")
     if isinstance(exc, OperationalError):
         return (f"cannot use the database {where}: {text}; check DATABASE_URL and that the"
                 " database server is running")
     return None
+
+
+def _unapplied_migrations() -> list[str]:
+    """The default database's migrations not applied yet ("app.name"), [] if unknown."""
+    try:
+        from django.db import connections
+        from django.db.migrations.executor import MigrationExecutor
+
+        connection = connections["default"]
+        connection.close()  # a fresh connection: the failed statement's may be unusable
+        executor = MigrationExecutor(connection)
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        return [f"{m.app_label}.{m.name}" for m, backwards in plan if not backwards]
+    except Exception:
+        return []
 
 
 def redis_problem(exc: BaseException) -> str | None:

@@ -2,6 +2,7 @@
 non-zero exit, never a traceback. Each case runs the real command in a subprocess."""
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -152,3 +153,28 @@ def test_i24_3_output_piped_into_head_exits_quietly():
     assert "Traceback" not in p.stderr
     assert "BrokenPipe" not in p.stderr, p.stderr
     assert p.returncode == 141  # 128 + SIGPIPE, as a shell tool stopped by the pipe
+
+
+def _members_before_newest_column() -> tuple[str, str] | None:
+    """(the members migration before the newest one that adds a column, that one)."""
+    files = sorted((ROOT / "members" / "migrations").glob("0*.py"))
+    for older, newer in reversed(list(itertools.pairwise(files))):
+        if "migrations.AddField(" in newer.read_text():
+            return older.stem, newer.stem
+    return None
+
+
+def test_i24_3_database_of_an_older_release_says_run_migrate(empty_database):
+    """An upgrade without `migrate`: the tables exist but lack this release's columns."""
+    found = _members_before_newest_column()
+    if found is None:
+        pytest.skip("no members migration adds a column to roll back")
+    older, newer = found
+    env = {"DATABASE_URL": empty_database}
+    for argv in (["migrate", "--noinput"], ["migrate", "members", older, "--noinput"],
+                 ["create_stream", "up", "--shards", "2"], ["create_group", "upg", "--stream", "up"]):
+        done = run([PYTHON, "manage.py", *argv], env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+    p = run([PYTHON, "manage.py", "list_members", "upg"], env=env)
+    one_line_error(p, "lacks migrations of this release", f"members.{newer}", "run manage.py migrate")
+    assert p.returncode == 3
