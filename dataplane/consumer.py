@@ -260,8 +260,10 @@ class Consumer:
         restore = self._install_signals()
         try:
             if self.metrics is not None and self.metrics_port is not None:
-                port = self.metrics.serve(self.metrics_port, self.health)
-                log.info("metrics on :%d/metrics, health on :%d/healthz", port, port)
+                port = self.metrics.serve(self.metrics_port, self.health,
+                                          status=lambda: self.status().as_dict())  # fmt: skip
+                log.info("metrics on :%d/metrics, health on :%d/healthz, status on :%d/status",
+                         port, port, port)  # fmt: skip
                 self.metrics_port = port
             self.runtime.start()
             self._loop()

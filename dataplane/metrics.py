@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -120,10 +121,19 @@ class Metrics:
 
     # ---- serving ----------------------------------------------------------------------------
 
-    def serve(self, port: int, health: Callable[[], str | None], host: str = "0.0.0.0") -> int:  # noqa: S104
-        """``/metrics`` and ``/healthz`` (200 ``ok``, or 503 with the reason ``health`` gives)
-        on a daemon thread; returns the port (0 picks a free one)."""
+    def serve(
+        self,
+        port: int,
+        health: Callable[[], str | None],
+        host: str = "0.0.0.0",  # noqa: S104
+        status: Callable[[], dict[str, Any]] | None = None,
+    ) -> int:
+        """``/metrics``, ``/healthz`` (200 ``ok``, or 503 with the reason ``health`` gives) and
+        ``/status`` (200, JSON ``{"healthy", "reason", "status"}``: ``status()`` is the
+        ``Consumer.status()`` snapshot; what ``rsc-dataplane status`` prints) on a daemon
+        thread; returns the port (0 picks a free one)."""
         metrics = self
+        snapshot = status
 
         class H(BaseHTTPRequestHandler):
             def log_message(self, *a: object) -> None:
@@ -139,6 +149,11 @@ class Metrics:
                 elif self.path.split("?")[0] == "/metrics":
                     metrics.up.set(0 if health() else 1)
                     data, ctype = generate_latest(metrics.registry), CONTENT_TYPE_LATEST
+                    status = 200
+                elif self.path.split("?")[0] == "/status" and snapshot is not None:
+                    reason = health()
+                    doc = {"healthy": reason is None, "reason": reason, "status": snapshot()}
+                    data, ctype = (json.dumps(doc) + "\n").encode(), "application/json"
                     status = 200
                 else:
                     status, data, ctype = 404, b"not found\n", "text/plain"

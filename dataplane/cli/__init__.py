@@ -1,4 +1,4 @@
-"""Command line: ``python -m dataplane consume|produce|route|dlq`` (PROTOCOL.md §7.1), also
+"""Command line: ``python -m dataplane consume|produce|route|dlq|status`` (PROTOCOL.md §7.1), also
 installed as ``rsc-dataplane``. One module per subcommand, each with ``add_parser``, the flags
 it ``NEEDS`` and ``run``; what they share is in ``common``.
 
@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..preflight import EXIT_CONFIG, EXIT_UNREACHABLE, PreflightError
-from . import consume, dlq, produce, route
+from . import consume, dlq, produce, route, status
 from .common import EPILOG, resolve
 
-COMMANDS = {"consume": consume, "produce": produce, "route": route, "dlq": dlq}
+COMMANDS = {"consume": consume, "produce": produce, "route": route, "dlq": dlq, "status": status}
 
 
 def build_parser() -> argparse.ArgumentParser:

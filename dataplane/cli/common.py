@@ -14,8 +14,9 @@ EXIT_FAILED = 1
 
 EPILOG = f"""\
 exit codes:
-  0  done (consume: stopped by SIGINT/SIGTERM after leaving the group)
-  {EXIT_FAILED}  failed after a successful start (produce/dlq replay: messages not appended)
+  0  done (consume: stopped by SIGINT/SIGTERM after leaving the group; status: healthy)
+  {EXIT_FAILED}  failed after a successful start (produce/dlq replay: messages not appended);
+     status: the member answers but is not healthy
   {EXIT_CONFIG}  refused, fix the configuration: bad arguments, bad --handler, API key missing,
      unknown or revoked (HTTP 401) or not for this group/stream (403), unknown group or
      stream (404), Redis refused the credentials; consume: another process joined
@@ -24,7 +25,8 @@ exit codes:
      (401/403) or the group (404) refused for --refusal-timeout with the session lost;
      --redis is not the coordinator's stream Redis (<keyPrefix>:identity missing or another
      installation's) or refuses a command the member needs (ACL)
-  {EXIT_UNREACHABLE}  unreachable at start: the coordinator or Redis cannot be reached
+  {EXIT_UNREACHABLE}  unreachable at start: the coordinator or Redis cannot be reached (status: no
+     member answers on --metrics-port)
 Errors with exit codes 2 and 3 print one line on stderr, never a traceback. After a
 successful start, transient coordinator/Redis errors are retried with a warning.
 

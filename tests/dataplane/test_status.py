@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+
+import pytest
+import redis
 
 from dataplane import Consumer, ConsumerStatus, Message
 from dataplane.routing import ShardKeys
@@ -92,3 +96,97 @@ def test_i25_3_cli_prints_the_status_as_one_json_line_on_sigusr1(
     assert st["member_id"] == "cli-status"
     assert st["state"] == "OK"
     assert st["owned_shards"] == ["orders:1:0", "orders:1:1"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _status_cli(port: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dataplane", "status", "--metrics-port", str(port)],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs a redis-server binary")
+def test_i25_3_healthz_and_the_status_command_turn_unhealthy_when_redis_is_unreachable(
+    prefix, coordinator, tmp_path
+) -> None:
+    """A real Redis of the test's own, stopped while the member runs: /healthz answers 503
+    "Redis unreachable" and ``rsc-dataplane status`` prints it with exit 1 (0 while healthy;
+    3 when no member answers on the port)."""
+    coordinator.metadata = metadata(prefix)
+    port = _free_port()
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+         "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        probe = redis.Redis(port=port)
+        wait_until(lambda: _pings(probe), what="the throwaway redis-server")
+        probe.close()
+        url = f"redis://127.0.0.1:{port}/0"
+        c = Consumer(coordinator.url, "g", "k", lambda m: None, member_id="member-h",
+                     redis_url=url, block_ms=100, metrics_port=0)  # fmt: skip
+        t = threading.Thread(target=c.run)
+        t.start()
+        try:
+            wait_until(lambda: c.metrics_port, what="serving")
+            mport = c.metrics_port
+            wait_until(lambda: _get(mport, "/healthz")[0] == 200, timeout=20, what="healthy")
+            out = _status_cli(mport)
+            assert out.returncode == 0, out.stderr
+            doc = json.loads(out.stdout)
+            assert (doc["healthy"], doc["reason"]) == (True, None)
+            assert doc["status"]["member_id"] == "member-h"
+            assert doc["status"]["owned_shards"] == ["orders:1:0", "orders:1:1"]
+
+            server.terminate()
+            server.wait(10)
+            wait_until(lambda: _get(mport, "/healthz")[0] == 503, timeout=20, what="unhealthy")
+            assert _get(mport, "/healthz")[1] == "Redis unreachable\n"
+            out = _status_cli(mport)
+            assert out.returncode == 1, out.stderr
+            doc = json.loads(out.stdout)
+            assert (doc["healthy"], doc["reason"]) == (False, "Redis unreachable")
+            assert out.stderr.strip() == "unhealthy: Redis unreachable"
+        finally:
+            c.stop(timeout=1)
+            t.join(30)
+        assert not t.is_alive()
+        # Nothing listens any more: exit 3, one line.
+        out = _status_cli(mport)
+        assert out.returncode == 3, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+        expected = f"error: no member answers at http://127.0.0.1:{mport}/status"
+        assert out.stderr.startswith(expected), out.stderr
+    finally:
+        if server.poll() is None:
+            server.terminate()
+            server.wait(10)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:  # the predicate never raises: a refused connection is "not yet"
+        return 0, str(exc)
