@@ -50,7 +50,7 @@ from coordination import engine
 from coordination.model import HeartbeatRequest, HeartbeatResponse, MemberStatus
 from coordination.steady import eligible as eligible  # services asks fastpath.eligible
 from coordination.steady import steady_answer, steady_report
-from coordinator_project import dbpool
+from coordinator_project import dbpool, waiting
 from coordinator_project.process_state import PROCESS, ProcessCache
 from dataplane.protocol import Status
 from groups.models import Group, Shard, Stream
@@ -276,7 +276,7 @@ class _GroupReads:
                 else:
                     read.joined += 1
             if not lead:
-                read.done.wait()
+                waiting.wait(read.done)
             else:
                 self._lead(group, read)
             if read.error is _ABANDONED:
@@ -294,7 +294,7 @@ class _GroupReads:
             with self._lock:
                 running = self._running.get(group)
             if running is not None:
-                running.done.wait()  # joiners keep arriving meanwhile; they share this read
+                waiting.wait(running.done)  # joiners keep arriving meanwhile; they share this read
             elif _cooperative():
                 # Let the worker's other ready requests reach this point first and share the
                 # read (one pass through the ready greenlets). Measured at 2,000 heartbeats/s:

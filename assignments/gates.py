@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from coordinator_project import dbpool
+from coordinator_project import waiting
 from coordinator_project.named_locks import NamedLocks
 from coordinator_project.process_state import PROCESS
 
@@ -29,14 +29,11 @@ def group_gate(name: str, *, wait: bool = True) -> Iterator[bool]:
     is taken. Call it outside any transaction: before waiting it hands this request's
     database connections back (to the pools under gevent), since the holder may need one."""
     gate = _gates[name]
-    if not gate.acquire(blocking=False):
-        if not wait:
-            yield False
-            return
-        # Waiters holding pooled connections would starve the holder of one (a deadlock until
-        # the pool's timeout): a waiter keeps none, of either database.
-        dbpool.release_all()
-        gate.acquire()
+    # A waiter holding pooled connections would starve the holder of one (a deadlock until
+    # the pool's timeout): `waiting.acquire` hands them back before it blocks.
+    if not waiting.acquire(gate, blocking=wait):
+        yield False
+        return
     try:
         yield True
     finally:

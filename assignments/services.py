@@ -22,6 +22,7 @@ from coordination.model import (
     HeartbeatRequest,
     HeartbeatResponse,
 )
+from coordinator_project import waiting
 from coordinator_project.named_locks import NamedLocks
 from coordinator_project.process_state import PROCESS, ProcessCache
 from dataplane.protocol import JOIN_EPOCH, ErrorCode
@@ -216,7 +217,7 @@ def _refused_join(group_name: str, req: HeartbeatRequest) -> HeartbeatResponse |
     # One count per group at a time in this process: a storm's joins all arrive before the
     # first count has answered; the others wait for its figure instead of each queueing for
     # one of the worker's two connections (ahead of the locked passes that need them).
-    with _counting[group_name]:
+    with waiting.held(_counting[group_name]):
         if clearly_has_room(group_name, joining):
             return None
         counts = live_member_counts(group_name, req.member_id)

@@ -7,7 +7,9 @@ waits for: in a join storm with a connection per member, requests that kept thei
 connection from the stamp flush and queued for the gate, while the gate's holder waited for a
 "default" one held by requests waiting for "liveness", stalled the worker until the pools'
 15 s timeouts, again and again. So a short read outside a transaction hands its pooled
-connection back at once, and nobody waits while holding one.
+connection back at once (`release`), and nobody waits while holding one: every wait for
+another request goes through `coordinator_project.waiting`, which calls
+`hand_back_before_waiting` first.
 """
 from __future__ import annotations
 
@@ -26,9 +28,11 @@ def release(alias: str = "default") -> None:
         conn.close()
 
 
-def release_all() -> None:
-    """Before waiting: hand back every connection this request holds (pooled or not), so the
-    request it waits for can get one. Not inside a transaction."""
+def hand_back_before_waiting() -> None:
+    """Before a request waits for another (`coordinator_project.waiting`, the only caller):
+    hand back every connection it holds outside a transaction, pooled or not, so the request
+    it waits for can get one. A connection inside a transaction is kept (its work is not
+    done; waiting there is the caller's bug)."""
     for conn in connections.all(initialized_only=True):
-        if conn.connection is not None:
+        if conn.connection is not None and not conn.in_atomic_block:
             conn.close()

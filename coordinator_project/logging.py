@@ -4,10 +4,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from groups.ratelimit import LogThrottle
+import time
+from collections.abc import Hashable
 
 # Fields a caller may pass through `extra=` that belong in the JSON line.
 EXTRA_FIELDS = ("event", "group", "memberId", "memberEpoch", "groupEpoch", "assignmentEpoch", "stream", "shard")
@@ -52,6 +50,33 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class LogThrottle:
+    """At most one line per key per `every` seconds; counts what it held back."""
+
+    def __init__(self, every: float = 10.0, max_keys: int = 1_000) -> None:
+        self.every = every
+        self._last: dict[Hashable, float] = {}
+        self._held: dict[Hashable, int] = {}
+        self._max_keys = max_keys
+
+    def allow(self, key: Hashable, now: float | None = None) -> int | None:
+        """None: suppress this line. Otherwise the number of lines suppressed since the last one."""
+        now = time.monotonic() if now is None else now
+        last = self._last.get(key)
+        if last is not None and now - last < self.every:
+            self._held[key] = self._held.get(key, 0) + 1
+            return None
+        if last is None and len(self._last) >= self._max_keys:
+            self._last.clear()
+            self._held.clear()
+        self._last[key] = now
+        return self._held.pop(key, 0)
+
+    def clear(self) -> None:
+        self._last.clear()
+        self._held.clear()
+
+
 # Loggers whose lines any client can cause at will (issue 27.10): Django's 4xx warnings
 # ("Not Found: /x", "Bad Request: /y") and its security lines (a bad Host header logged an
 # ERROR with a 15-line traceback per request). coordinator_project.settings.LOGGING puts
@@ -72,12 +97,10 @@ MAX_REFUSAL_LINE = 300  # characters of a refusal's message kept (a Host header 
 
 
 def _refusal_throttle() -> LogThrottle:
-    # Imported here: settings load this module before apps are ready; the throttle lives in
-    # groups.ratelimit with the others (bad keys, heartbeat and connection refusals).
+    # Made on first use: settings load this module before the process state is wanted.
     global _THROTTLE
     if _THROTTLE is None:
         from coordinator_project.process_state import PROCESS
-        from groups.ratelimit import LogThrottle
 
         _THROTTLE = PROCESS.own(
             "django refusal log throttle", LogThrottle(every=10.0),

@@ -46,12 +46,12 @@ from prometheus_client.registry import Collector
 from assignments import selectors as assignment_selectors
 from coordination.liveness import LATE_AFTER_INTERVALS, Liveness
 from coordination.model import MemberStatus, ShardState
+from coordinator_project.logging import LogThrottle
 from coordinator_project.process_state import PROCESS
 from dataplane.protocol import ErrorCode
 from groups import selectors as group_selectors
 from groups import shardstats
 from groups.models import Group, StreamState, VersionState
-from groups.ratelimit import LogThrottle
 from members import selectors as member_selectors
 
 log = logging.getLogger("coordinator.heartbeat")

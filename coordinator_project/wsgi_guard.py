@@ -31,9 +31,9 @@ from django.conf import settings
 from django.db import connections
 from gevent import monkey
 
+from coordinator_project.logging import LogThrottle
 from coordinator_project.process_state import PROCESS
 from dataplane.protocol import ErrorCode
-from groups.ratelimit import LogThrottle
 from webserver.phases import Phase, mark
 
 log = logging.getLogger(__name__)

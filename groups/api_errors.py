@@ -11,10 +11,10 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from coordinator_project.logging import LogThrottle
 from coordinator_project.process_state import PROCESS
 from dataplane.protocol import ErrorCode
 from groups.api_parsers import PayloadTooLarge, payload_too_large
-from groups.ratelimit import LogThrottle
 
 log = logging.getLogger(__name__)
 

@@ -49,33 +49,6 @@ class TokenBuckets:
         self._buckets.clear()
 
 
-class LogThrottle:
-    """At most one line per key per `every` seconds; counts what it held back."""
-
-    def __init__(self, every: float = 10.0, max_keys: int = 1_000) -> None:
-        self.every = every
-        self._last: dict[Hashable, float] = {}
-        self._held: dict[Hashable, int] = {}
-        self._max_keys = max_keys
-
-    def allow(self, key: Hashable, now: float | None = None) -> int | None:
-        """None: suppress this line. Otherwise the number of lines suppressed since the last one."""
-        now = time.monotonic() if now is None else now
-        last = self._last.get(key)
-        if last is not None and now - last < self.every:
-            self._held[key] = self._held.get(key, 0) + 1
-            return None
-        if last is None and len(self._last) >= self._max_keys:
-            self._last.clear()
-            self._held.clear()
-        self._last[key] = now
-        return self._held.pop(key, 0)
-
-    def clear(self) -> None:
-        self._last.clear()
-        self._held.clear()
-
-
 _joins = PROCESS.own(
     "join and leave rate limits", TokenBuckets(),
     "key: ('JOIN' or 'LEAVE', 'key', API key id) or (.., 'ip', client address) -> (tokens, at);"

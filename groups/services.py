@@ -23,7 +23,7 @@ from assignments.rows import load_state, lock_group
 from assignments.writer import create_group_rows, save_state, update_group_settings
 from coordination import engine
 from coordination.model import GroupState
-from coordinator_project import dbpool
+from coordinator_project import dbpool, waiting
 from coordinator_project.process_state import PROCESS, ProcessCache
 from dataplane.routing import shard_id
 from groups.errors import ServiceError
@@ -381,7 +381,7 @@ def resolve_api_key(raw: str) -> KeyScope | None:
         if flight is None:
             flight = _flights[digest] = _KeyFlight()
     if not leader:
-        flight.done.wait()
+        waiting.wait(flight.done)
         if flight.error is not None:
             raise flight.error
         return flight.scope

@@ -139,6 +139,9 @@ class _DroppedWhileWaiting:
     def __init__(self) -> None:
         self.done = self
 
+    def is_set(self) -> bool:
+        return False
+
     def wait(self) -> None:
         raise _Dropped
 

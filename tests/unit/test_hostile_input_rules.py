@@ -9,9 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coordination.wire import InvalidRequest, parse_heartbeat
+from coordinator_project.logging import LogThrottle
 from dataplane.protocol import MEMBER_ID_RE
 from groups.api_parsers import MAX_JSON_DEPTH, nested_too_deep
-from groups.ratelimit import LogThrottle, TokenBuckets
+from groups.ratelimit import TokenBuckets
 from groups.services import GROUP_NAME_RE, KEY_PREFIX_RE, STREAM_NAME_RE
 
 controls = st.sampled_from([chr(c) for c in [*range(0x20), *range(0x7F, 0xA0)]] + ["\ud800", "\udfff"])
