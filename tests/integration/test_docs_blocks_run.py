@@ -13,14 +13,16 @@ heartbeat before the block that fences it. A block that consumes until stopped g
 its member joined, and must then leave the group and exit 0."""
 from __future__ import annotations
 
+import ast
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,21 +94,32 @@ class Stack:
                       timeout=5)
         return r.json().get("members", []) if r.status_code == 200 else []
 
-    def consume_until_joined(self, code: str) -> subprocess.CompletedProcess[str]:
-        """Run a Python block that consumes until stopped: SIGTERM once its member joined."""
-        proc = subprocess.Popen([sys.executable, "-c", self.put_in(code)], cwd=ROOT, env=self.block_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            deadline = time.monotonic() + 60
-            while not self.members() and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)  # poll interval of a deadline loop
-            joined = bool(self.members())
-            proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(5)
+    def consume_until_joined(self, code: str, until: Callable[[str], bool] | None = None,
+                             ) -> subprocess.CompletedProcess[str]:
+        """Run a Python block that consumes until stopped: SIGTERM once its member joined (and
+        `until` holds for what it printed so far)."""
+        # O_APPEND: the child writes at the end whatever offset the parent's reads left.
+        with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "stdout", "a+") as out_file:
+            proc = subprocess.Popen([sys.executable, "-c", self.put_in(code)], cwd=ROOT, env=self.block_env(),
+                                    stdout=out_file, stderr=subprocess.PIPE, text=True)
+
+            def printed() -> str:
+                out_file.seek(0)
+                return out_file.read()
+
+            try:
+                deadline = time.monotonic() + 60
+                while (not self.members() or (until is not None and not until(printed()))) \
+                        and proc.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.2)  # poll interval of a deadline loop
+                joined = bool(self.members())
+                proc.send_signal(signal.SIGTERM)
+                _, err = proc.communicate(timeout=60)
+                out = printed()
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(5)
         assert joined, f"the block's member never joined\n{code}\n{err}"
         assert proc.returncode == 0, f"{code}\n--- stderr\n{err}"
         assert "Traceback" not in err, err
@@ -177,9 +190,13 @@ def test_i24_7_readme_blocks_run_as_printed(stack: Stack):
     assert stack.members() == []  # it left the group when stopped
 
 
+def eval_list(line: str) -> list[str]:
+    return ast.literal_eval(line.split(" ", 1)[1])
+
+
 def test_i24_7_dataplane_readme_blocks_run_as_printed(stack: Stack):
     blocks = run_blocks("dataplane/README.md")
-    assert [lang for lang, _ in blocks] == ["python", "sh", "python"]
+    assert [lang for lang, _ in blocks] == ["python", "sh", "python", "python"]
     stack.create()
     # Consumer until SIGTERM, then the Producer sends three messages.
     stack.consume_until_joined(blocks[0][1])
@@ -190,6 +207,15 @@ def test_i24_7_dataplane_readme_blocks_run_as_printed(stack: Stack):
                             capture_output=True, text=True, timeout=120)
     assert python.returncode == 0, python.stderr
     assert "Traceback" not in python.stderr
+    # Rebalance listeners: every shard announced to on_assigned once the member joined (it is
+    # alone), then handed back through on_revoked at shutdown, nothing lost.
+    listeners = stack.consume_until_joined(blocks[3][1], until=lambda out: "assigned" in out)
+    lines = listeners.stdout.splitlines()
+    assigned = sorted(s for line in lines if line.startswith("assigned") for s in eval_list(line))
+    revoked = sorted(s for line in lines if line.startswith("revoked") for s in eval_list(line))
+    assert len(assigned) == 8, listeners.stdout
+    assert revoked == assigned, listeners.stdout
+    assert not any(line.startswith("lost") for line in lines), listeners.stdout
 
 
 def test_i24_7_security_and_operating_blocks_run_as_printed(stack: Stack):
