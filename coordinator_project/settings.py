@@ -300,6 +300,9 @@ RSC_REBALANCE_WINDOW_MS = env_int("RSC_REBALANCE_WINDOW_MS", 1000)
 SWEEP_MAX_LAG_SECONDS = float(os.environ.get("SWEEP_MAX_LAG_SECONDS", max(30.0, 10 * SWEEP_INTERVAL_SECONDS)))
 # Optional bearer token for /metrics (empty: open, as usual behind a private scrape network).
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
+# /api/schema/ and /api/docs/ (the OpenAPI contract, no installation data): served unless 0.
+# What is open by default and why: docs/SECURITY.md "Endpoints without a key".
+SERVE_API_SCHEMA = env_bool("SERVE_API_SCHEMA", True)
 
 # --- Hardening: shard cap, retention, join rate limits -----------------------
 # Most shards a stream version may have (create_stream, reshard); hard ceiling 16,384.

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import admin
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
@@ -18,13 +19,18 @@ urlpatterns = [
     # producer routing and resharding (§6)
     path("api/v1/streams/<str:stream>/routing", RoutingView.as_view(), name="stream-routing"),
     path("api/v1/streams/<str:stream>/reshard", ReshardView.as_view(), name="stream-reshard"),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),  # Prometheus (docs/OBSERVABILITY.md)
     path("favicon.ico", views.favicon, name="favicon"),
 ]
+# The OpenAPI schema and its Swagger UI: open by default (the contract is public in
+# docs/PROTOCOL.md; they hold no installation data); SERVE_API_SCHEMA=0 leaves them out (404).
+if settings.SERVE_API_SCHEMA:
+    urlpatterns += [
+        path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+        path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    ]
 
 # Unknown URLs and Django's other error pages answer the protocol's JSON error body; the
 # admin keeps its HTML pages (coordinator_project.errors, issue 27.10).
