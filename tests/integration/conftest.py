@@ -158,7 +158,9 @@ def running_gunicorn(port: int | None = None, log_file: Path | None = None, **ex
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log is not None else None,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    # A deadline, not an expectation: ~2 s on a quiet machine, but four xdist workers starting
+    # servers at once on 2 loaded cores took over 30 s (the suite then erred in setup).
+    deadline = time.monotonic() + 90
     while True:
         try:
             if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
