@@ -8,7 +8,7 @@ from typing import Any, Literal
 from coordination.model import HeartbeatResponse
 
 
-class WireBody(dict):  # type: ignore[type-arg]
+class WireBody(dict[str, Any]):
     """A heartbeat's wire body (§3), with its bytes once rendered (`rendered`): a memoized
     steady answer's body is given to many heartbeats as is, and rendered once."""
 

@@ -1,9 +1,11 @@
 """Statements sent to the database in one round trip, with the transaction's COMMIT when asked."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from django.db import connection
+
+from assignments.models import SQLValue
 
 
 class Batch:
@@ -14,9 +16,9 @@ class Batch:
     run first. Elsewhere (SQLite) they run one by one."""
 
     def __init__(self) -> None:
-        self.statements: list[tuple[str, list[object], Callable[[list[tuple]], None] | None]] = []
+        self.statements: list[tuple[str, Sequence[SQLValue], Callable[[list[tuple]], None] | None]] = []
 
-    def add(self, sql: str, params: list[object], on_rows: Callable[[list[tuple]], None] | None = None) -> None:
+    def add(self, sql: str, params: Sequence[SQLValue], on_rows: Callable[[list[tuple]], None] | None = None) -> None:
         self.statements.append((sql, params, on_rows))
 
     def run(self, *, commit: bool = False) -> None:

@@ -28,7 +28,7 @@ def _body(result: HeartbeatResult) -> dict[str, Any]:
     r = result.response
     a = r.assignment
     if r.error_code != ErrorCode.NONE:
-        return error_body(r.error_code.value, r.error_message or "", r.member_id)
+        return error_body(r.error_code, r.error_message or "", r.member_id)
     return {
         "errorCode": r.error_code.value,
         "errorMessage": r.error_message,

@@ -32,7 +32,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -40,11 +40,12 @@ from typing import Any
 import psycopg
 from django.conf import settings
 from django.db import DatabaseError, connections
+from django.db.models import Model
 from prometheus_client import Gauge
 
 from assignments import snapshot_cache
 from assignments.answers import SteadyAnswer
-from assignments.models import ShardAssignment
+from assignments.models import ShardAssignment, db_column
 from assignments.rows import GENERATION_SQL
 from coordination import engine
 from coordination.model import HeartbeatRequest, HeartbeatResponse, MemberStatus
@@ -75,12 +76,12 @@ STAMP_LAG = Gauge(
 )
 
 
-def _t(model: type) -> str:
-    return model._meta.db_table  # type: ignore[attr-defined]
+def _t(model: type[Model]) -> str:
+    return model._meta.db_table
 
 
-def _c(model: type, name: str) -> str:
-    return model._meta.get_field(name).column  # type: ignore[attr-defined]
+def _c(model: type[Model], name: str) -> str:
+    return db_column(model, name)
 
 
 _G, _M, _A, _S, _ST = _t(Group), _t(MemberRow), _t(ShardAssignment), _t(Shard), _t(Stream)
@@ -198,9 +199,11 @@ def available() -> bool:
     return "liveness" in connections.databases and getattr(settings, "RSC_FAST_PATH", True)
 
 
-def _liveness_query(sql: str, params: tuple | list) -> tuple | None:
+def _liveness_query(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple | None:
     conn = connections["liveness"]
-    pool = conn.pool if not conn.in_atomic_block else None
+    # `pool`: PostgreSQL's wrapper has it (Django 5.1+; None unless DB_POOL), the only engine
+    # with a liveness alias; django-stubs declares neither it nor the alias's engine.
+    pool = conn.pool if not conn.in_atomic_block else None  # type: ignore[attr-defined]
     if pool is not None:  # gevent workers: a connection of the pool, given back at once
         return _pooled_query(pool, sql, params)
     try:
@@ -216,7 +219,7 @@ def _liveness_query(sql: str, params: tuple | list) -> tuple | None:
         raise
 
 
-def _pooled_query(pool: Any, sql: str, params: tuple | list) -> tuple | None:
+def _pooled_query(pool: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple | None:
     """`_liveness_query` on a connection of the alias's pool itself (gevent workers), without
     Django's wrapper: its per-request connect (checkout, connection setup, a signal) and
     cursor wrapping were ~40 % of a group read's CPU, and a steady heartbeat's one read is the
@@ -583,7 +586,7 @@ def _stamp_rows(rows: dict[int, tuple[datetime, str | None, int]]) -> str:
     ) + "]"
 
 
-STAMPS = PROCESS.own(
+STAMPS: _Stamps = PROCESS.own(
     "pending stamps", _Stamps(),
     "Last-seen stamps of steady heartbeats not yet written. key: member row id -> (last-seen,"
     " report, epoch); bound: one per member heartbeating here, written every RSC_STAMP_PERIOD_S"

@@ -5,7 +5,30 @@ itself forbids two members owning or revoking one shard of a group (R9).
 """
 from __future__ import annotations
 
+from datetime import date
+from decimal import Decimal
+from typing import Any, TypeAlias
+from uuid import UUID
+
 from django.db import models
+
+# A raw statement's parameter: what the database adapter takes (django-stubs' CursorWrapper).
+SQLValue: TypeAlias = (
+    bool | int | float | Decimal | str | bytes | date | UUID | tuple[Any, ...] | list[Any] | None
+)
+
+
+def concrete_field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
+    """`model`'s field `name`, one with a column (for raw SQL)."""
+    field = model._meta.get_field(name)
+    if not isinstance(field, models.Field):  # a reverse relation or a generic key: no column
+        raise TypeError(f"{model.__name__}.{name} has no column")
+    return field
+
+
+def db_column(model: type[models.Model], name: str) -> str:
+    """The database column of `model`'s field `name`."""
+    return concrete_field(model, name).column
 
 
 class ShardAssignment(models.Model):

@@ -13,11 +13,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import overload
 
 from django.conf import settings
 from django.db import connection
 
-from assignments.models import ShardAssignment
+from assignments.models import ShardAssignment, SQLValue
 from coordination.model import LIVE_STATUSES, GroupState, Member, MemberStatus, ShardSlot
 from coordinator_project.process_state import PROCESS, ProcessCache
 from groups.models import Group, Installation, Shard, ShardVersion, VersionState
@@ -113,6 +114,10 @@ def in_list(values: Sequence[object]) -> str:
     return "(" + ", ".join(["%s"] * len(values)) + ")" if values else "(NULL)"
 
 
+@overload
+def _aware(value: datetime) -> datetime: ...
+@overload
+def _aware(value: datetime | None) -> datetime | None: ...
 def _aware(value: datetime | None) -> datetime | None:
     # Raw SQLite rows carry naive UTC datetimes (the ORM would attach the zone).
     if value is not None and value.tzinfo is None:
@@ -197,7 +202,7 @@ def heartbeating_members(member_id: str | tuple[str, ...] | None) -> tuple[str, 
     return (member_id,) if isinstance(member_id, str) else tuple(dict.fromkeys(member_id))
 
 
-def members_with_reports(group_pk: int, member_ids: tuple[str, ...]) -> tuple[str, list[object]]:
+def members_with_reports(group_pk: int, member_ids: tuple[str, ...]) -> tuple[str, list[SQLValue]]:
     """The statement and parameters reading these members' rows with their last reports."""
     return _MEMBER_WITH_REPORT_SQL + in_list(member_ids), [group_pk, *member_ids]
 
@@ -235,12 +240,12 @@ def load_page(group: Group, offset: int, limit: int) -> tuple[GroupState, list[s
     page_members = (
         f"SELECT id FROM {MemberRow._meta.db_table} WHERE group_id = %s AND status IN {in_list(LIVE)}"
         " ORDER BY member_id LIMIT %s OFFSET %s")
-    members_params = [group.pk, *LIVE, limit, offset]
+    members_params: list[SQLValue] = [group.pk, *LIVE, limit, offset]
     page_slots = (
         f"SELECT a.id FROM {ShardAssignment._meta.db_table} a JOIN {Shard._meta.db_table} s ON s.id = a.shard_id"
         f" JOIN {ShardVersion._meta.db_table} v ON v.id = s.version_id WHERE a.group_id = %s AND v.state <> %s"
         " ORDER BY v.version, s.index LIMIT %s OFFSET %s")
-    slots_params = [group.pk, VersionState.RETIRED, limit, offset]
+    slots_params: list[SQLValue] = [group.pk, VersionState.RETIRED, limit, offset]
     with connection.cursor() as cursor:
         cursor.execute(page_members.replace("SELECT id", "SELECT member_id", 1), members_params)
         member_ids = [mid for (mid,) in cursor.fetchall()]
@@ -250,11 +255,11 @@ def load_page(group: Group, offset: int, limit: int) -> tuple[GroupState, list[s
     member_sql = (
         MEMBER_SQL + f" AND status IN {in_list(LIVE)} AND (id IN ({page_members}) OR id IN"
         f" (SELECT owner_id FROM {ShardAssignment._meta.db_table} WHERE id IN ({page_slots})))")
-    member_params = [group.pk, *LIVE, *members_params, *slots_params]
+    member_params: list[SQLValue] = [group.pk, *LIVE, *members_params, *slots_params]
     slot_sql = (
         f"{SLOT_SQL} AND owner_id IN ({page_members}) UNION {SLOT_SQL} AND target_id IN ({page_members})"
         f" UNION {SLOT_SQL} AND id IN ({page_slots})")
-    slot_params = [group.pk, *members_params, group.pk, *members_params, group.pk, *slots_params]
+    slot_params: list[SQLValue] = [group.pk, *members_params, group.pk, *members_params, group.pk, *slots_params]
     state, loaded = _load(group, member_sql, member_params, slot_sql, slot_params, ())
     by_pk = {pk: sid for sid, pk in loaded.slot_pk.items()}
     # Rows may change between statements (no lock): show what the snapshot holds.
@@ -263,8 +268,8 @@ def load_page(group: Group, offset: int, limit: int) -> tuple[GroupState, list[s
 
 
 def _load(
-    group: Group, member_sql: str, member_params: list[object], slot_sql: str,
-    slot_params: list[object], heartbeating: tuple[str, ...],
+    group: Group, member_sql: str, member_params: Sequence[SQLValue], slot_sql: str,
+    slot_params: Sequence[SQLValue], heartbeating: tuple[str, ...],
 ) -> tuple[GroupState, Loaded]:
     loaded = Loaded(group=group)
     members: dict[str, Member] = {}

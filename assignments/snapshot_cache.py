@@ -23,6 +23,7 @@ from django.db import connection, transaction
 
 from assignments.batch import Batch
 from assignments.gates import group_gate
+from assignments.models import db_column
 from assignments.rows import (
     GENERATION_SQL,
     LIVE,
@@ -239,8 +240,8 @@ class _Prefetch:
 _GROUP_FIELDS = [f.attname for f in Group._meta.concrete_fields]
 _STREAM_FIELDS = [f.attname for f in Stream._meta.concrete_fields]
 _LOCK_SQL = (
-    f"SELECT {', '.join('g.' + Group._meta.get_field(n).column for n in _GROUP_FIELDS)},"
-    f" {', '.join('s.' + Stream._meta.get_field(n).column for n in _STREAM_FIELDS)}, {GENERATION_SQL}"
+    f"SELECT {', '.join('g.' + db_column(Group, n) for n in _GROUP_FIELDS)},"
+    f" {', '.join('s.' + db_column(Stream, n) for n in _STREAM_FIELDS)}, {GENERATION_SQL}"
     f" FROM {Group._meta.db_table} AS g JOIN {Stream._meta.db_table} AS s ON s.id = g.stream_id"
     " WHERE g.name = %s FOR UPDATE OF g"  # not the stream row: see lock_group
 )
@@ -284,7 +285,7 @@ def lock_and_load(
     found: list[tuple] = []
     batch = Batch()
     batch.add(_LOCK_SQL, [group_name], found.extend)
-    if fetched.snap is not None:
+    if pk is not None and fetched.snap is not None:  # a snapshot is checked out by pk
         version = fetched.snap.version
         batch.add(MEMBER_SQL + " AND state_version > %s", [pk, version], fetched.members.extend)
         batch.add(SLOT_SQL + " AND state_version > %s", [pk, version], fetched.slots.extend)

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.db import InterfaceError, OperationalError
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseBase
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.negotiation import BaseContentNegotiation
-from rest_framework.renderers import JSONRenderer
+from rest_framework.parsers import BaseParser
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -28,6 +30,7 @@ from dataplane.protocol import JOIN_EPOCH, LEAVE_EPOCH, TEMPORARY_LEAVE_EPOCH, E
 from groups.access import authorize_group
 from groups.api_errors import error_body
 from groups.api_parsers import BoundedJSONParser
+from groups.auth import require_scope
 from groups.ratelimit import join_retry_after, leave_retry_after
 from members.intake import note_heartbeat_failed
 
@@ -36,11 +39,13 @@ class JsonOnly(BaseContentNegotiation):
     """The heartbeat speaks JSON only: skip DRF's Accept-header negotiation (5 % of a
     steady-state heartbeat's CPU in a py-spy profile under load)."""
 
-    def select_parser(self, request: Request, parsers: list[Any]) -> Any:
-        return parsers[0]
+    def select_parser(self, request: Request, parsers: Iterable[BaseParser]) -> BaseParser:
+        return next(iter(parsers))
 
-    def select_renderer(self, request: Request, renderers: list[Any], format_suffix: str | None = None) -> tuple[Any, str]:
-        return renderers[0], renderers[0].media_type
+    def select_renderer(self, request: Request, renderers: Iterable[BaseRenderer],
+                        format_suffix: str | None = None) -> tuple[BaseRenderer, str]:
+        renderer = next(iter(renderers))
+        return renderer, renderer.media_type
 
 
 class HeartbeatRenderer(JSONRenderer):
@@ -48,7 +53,7 @@ class HeartbeatRenderer(JSONRenderer):
     rendered once, the metadata document's cached text spliced in)."""
 
     def render(self, data: Any, accepted_media_type: str | None = None,
-               renderer_context: dict[str, Any] | None = None) -> bytes:
+               renderer_context: Mapping[str, Any] | None = None) -> bytes:
         if (isinstance(data, WireBody)
                 and self.get_indent(accepted_media_type or "", renderer_context or {}) is None):
             base = super().render
@@ -62,7 +67,7 @@ class HeartbeatView(APIView):
     content_negotiation_class = JsonOnly
     logs_refusals = True  # record_heartbeat logs every refusal (rate-limited where repeatable)
 
-    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Response:
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         started = time.perf_counter()  # every outcome (auth, validation, core) is counted
         try:
             response = super().dispatch(request, *args, **kwargs)
@@ -104,7 +109,7 @@ class HeartbeatView(APIView):
         if req.member_epoch in (JOIN_EPOCH, LEAVE_EPOCH, TEMPORARY_LEAVE_EPOCH):
             join = req.member_epoch == JOIN_EPOCH
             limit = join_retry_after if join else leave_retry_after
-            retry = limit(request.auth.key_id, request.META.get("REMOTE_ADDR", ""))
+            retry = limit(require_scope(request).key_id, request.META.get("REMOTE_ADDR", ""))
             if join:  # issue 25.7: the member's library, recorded with the join's own write
                 req = dataclasses.replace(req, library_version=library_version(request.META.get("HTTP_USER_AGENT")))
             if retry:

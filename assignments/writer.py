@@ -19,11 +19,11 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import F, Model, Q
 from django.utils import timezone
 
 from assignments.batch import Batch
-from assignments.models import ShardAssignment
+from assignments.models import ShardAssignment, SQLValue, concrete_field, db_column
 from assignments.rows import MEMBER_COLUMNS, Loaded, row_id_of
 from coordination.model import GroupState
 from groups.models import Event, Group, Stream, VersionState
@@ -44,9 +44,9 @@ def _analyze_hot_tables() -> None:
         cursor.execute(f"ANALYZE {MemberRow._meta.db_table}, {ShardAssignment._meta.db_table}")
 
 
-def _prep(model: type, values: dict[str, object]) -> tuple[list[str], list[object]]:
+def _prep(model: type[Model], values: dict[str, object]) -> tuple[list[str], list[SQLValue]]:
     """Columns and database values of model fields, as the ORM would write them."""
-    fields = [model._meta.get_field(name) for name in values]  # type: ignore[attr-defined]
+    fields = [concrete_field(model, name) for name in values]
     return ([f.column for f in fields],
             [f.get_db_prep_save(values[f.name], connection) for f in fields])
 
@@ -121,7 +121,7 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
             upserted.add(mid)
             # A tombstone not loaded (or a new member): upsert by the natural key, in one
             # statement; a new row gets the model's defaults for what the core left unset.
-            update = [MemberRow._meta.get_field(name).column for name in [*values, "state_version"]]
+            update = [db_column(MemberRow, name) for name in [*values, "state_version"]]
             insert_values = {"last_reported_owned": [], "joined_at": None, "library_version": "", **values,
                              "group": group.pk, "member_id": mid, "state_version": version}
             columns, params = _prep(MemberRow, insert_values)
