@@ -10,7 +10,10 @@ from typing import Any
 import httpx
 
 
-def run_member(url: str, group: str, key: str, member_id: str, seconds: float, seed: int) -> dict[str, Any]:
+def run_member(url: str, group: str, key: str, member_id: str, seconds: float, seed: int,
+               min_heartbeats: int = 0, max_seconds: float = 120.0) -> dict[str, Any]:
+    """Runs for `seconds` and until `min_heartbeats` were answered (`max_seconds` at most): a
+    loaded machine makes the run longer, not thinner."""
     rng = random.Random(seed)
     client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=10)
     epoch, metadata_epoch = 0, None
@@ -18,7 +21,9 @@ def run_member(url: str, group: str, key: str, member_id: str, seconds: float, s
     to_report: list[str] = []  # released shards to report REVOKED
     intervals: list[tuple[str, str, float, float]] = []
     counts: dict[str, int] = {}
-    deadline = time.monotonic() + seconds
+    started = time.monotonic()
+    deadline, hard_deadline = started + seconds, started + max_seconds
+    answered = 0
 
     def close_all(at: float) -> None:
         for shard, start in owned.items():
@@ -26,7 +31,7 @@ def run_member(url: str, group: str, key: str, member_id: str, seconds: float, s
         owned.clear()
         to_report.clear()
 
-    while time.monotonic() < deadline:
+    while (time.monotonic() < deadline or answered < min_heartbeats) and time.monotonic() < hard_deadline:
         roll = rng.random()
         if epoch > 0 and roll < 0.02:  # leave, then rejoin on the next turn
             sent = time.monotonic()
@@ -51,6 +56,7 @@ def run_member(url: str, group: str, key: str, member_id: str, seconds: float, s
         data = r.json()
         code = data["errorCode"]
         counts[code] = counts.get(code, 0) + 1
+        answered += 1
         if code != "NONE":
             assert code in ("FENCED_MEMBER_EPOCH", "UNKNOWN_MEMBER_ID"), data
             close_all(sent)
