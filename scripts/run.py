@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -363,7 +363,7 @@ class Supervisor:
         ]))
         self.env_file.chmod(0o600)  # it holds the admin password
 
-    def try_command(self, demo: dict[str, object]) -> str:
+    def try_command(self, demo: Mapping[str, object]) -> str:
         """The banner's "try:" line: a reshard to more shards than the stream has now (or, while
         one runs, where to watch it), prefixed with the env file so it works as printed."""
         path = self.env_file
