@@ -24,6 +24,8 @@ from assignments.serializers import (
     HeartbeatResponseSerializer,
 )
 from coordination.wire import InvalidRequest, library_version, parse_heartbeat
+from coordinator_project.compat.django import mark_logged
+from coordinator_project.compat.drf import http_request, parsed_data
 from coordinator_project.metrics import record_heartbeat
 from coordinator_project.wsgi_guard import RequestDeadlineExceeded
 from dataplane.protocol import JOIN_EPOCH, LEAVE_EPOCH, TEMPORARY_LEAVE_EPOCH, ErrorCode
@@ -79,11 +81,11 @@ class HeartbeatView(APIView):
             note_heartbeat_failed()
             raise
         # The body only if the view parsed it: an unauthenticated body is never parsed for a log.
-        record_heartbeat(kwargs.get("group", ""), getattr(self.request, "_full_data", None),
+        record_heartbeat(kwargs.get("group", ""), parsed_data(getattr(self, "request", None)),
                          getattr(response, "data", None), time.perf_counter() - started,
                          getattr(response, "heartbeat_path", ""))
         # record_heartbeat logged it (rate-limited); skip django.request's second warning line.
-        response._has_been_logged = True  # type: ignore[attr-defined]
+        mark_logged(response)
         return response
 
     @extend_schema(
@@ -98,7 +100,7 @@ class HeartbeatView(APIView):
         refused = authorize_group(request, group)
         if refused is not None:
             return refused
-        if not request._request.body.strip():  # the HttpRequest itself: DRF proxies attribute reads slowly
+        if not http_request(request).body.strip():  # DRF proxies attribute reads slowly
             return Response(error_body(ErrorCode.INVALID_REQUEST, "body: empty; a JSON object is required"), 400)
         try:
             req = parse_heartbeat(request.data)

@@ -26,6 +26,7 @@ from assignments.batch import Batch
 from assignments.models import ShardAssignment, SQLValue, concrete_field, db_column
 from assignments.rows import MEMBER_COLUMNS, Loaded, row_id_of
 from coordination.model import GroupState
+from coordinator_project.compat.django import outermost_transaction
 from groups.models import Event, Group, Stream, VersionState
 from members.models import Member as MemberRow
 
@@ -59,7 +60,7 @@ def save_state(state: GroupState, loaded: Loaded, now: datetime, actor: str = ""
     changes = state.changes
     group = loaded.group
     writes = Batch()
-    commit = commit and connection.vendor == "postgresql" and len(connection.atomic_blocks) == 1
+    commit = commit and connection.vendor == "postgresql" and outermost_transaction(connection)
     if not (changes.group or changes.members or changes.shards):
         _save_events(writes, state, loaded, actor)
         writes.run(commit=commit)

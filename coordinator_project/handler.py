@@ -18,6 +18,8 @@ from typing import Any
 from django.core.handlers.wsgi import WSGIHandler
 from django.http import HttpRequest, HttpResponseBase
 
+from coordinator_project.compat.django import add_closer
+
 
 def release_cycles(request: HttpRequest, response: HttpResponseBase) -> None:
     """Empties the finished request's objects, which breaks the cycles through them. Runs as
@@ -35,10 +37,7 @@ def release_cycles(request: HttpRequest, response: HttpResponseBase) -> None:
 class ReleasingWSGIHandler(WSGIHandler):
     def get_response(self, request: HttpRequest) -> HttpResponseBase:
         response = super().get_response(request)
-        # Appended after Django's request.close; close() clears the list, which also ends the
-        # cycle this partial makes through the response. `_resource_closers` is Django's own
-        # list (HttpResponseBase.close runs it); django-stubs does not declare it.
-        response._resource_closers.append(  # type: ignore[attr-defined]
-            functools.partial(release_cycles, request, response)
-        )
+        # After Django's request.close; close() clears its closers, which also ends the
+        # cycle this partial makes through the response.
+        add_closer(response, functools.partial(release_cycles, request, response))
         return response

@@ -46,6 +46,7 @@ from prometheus_client.registry import Collector
 from assignments import selectors as assignment_selectors
 from coordination.liveness import LATE_AFTER_INTERVALS, Liveness
 from coordination.model import MemberStatus, ShardState
+from coordinator_project.compat.prometheus_client import add_observations
 from coordinator_project.logging import LogThrottle
 from coordinator_project.process_state import PROCESS
 from dataplane.protocol import ErrorCode
@@ -119,12 +120,8 @@ class _HeartbeatTally:
         for labels, n in counts.items():
             HEARTBEATS.labels(*labels).inc(n)
         if any(buckets):
-            # Histogram has no bulk observe: its bucket and sum values take the counts as
-            # observe() would have added them one by one (test_metrics checks the series).
-            HEARTBEAT_LATENCY._sum.inc(total)
-            for value, n in zip(HEARTBEAT_LATENCY._buckets, buckets, strict=True):
-                if n:
-                    value.inc(n)
+            # As observe() one by one would have added them (test_metrics checks the series).
+            add_observations(HEARTBEAT_LATENCY, total, buckets)
 
 
 _TALLY: _HeartbeatTally = PROCESS.own(

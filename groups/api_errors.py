@@ -11,6 +11,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from coordinator_project.compat.django import mark_logged
 from coordinator_project.logging import LogThrottle
 from coordinator_project.process_state import PROCESS
 from dataplane.protocol import ErrorCode
@@ -57,7 +58,7 @@ _auth_refusals = PROCESS.own(
 
 
 def _log_refusal_once(response: Response, context: dict[str, Any], code: ErrorCode = ErrorCode.AUTHENTICATION_FAILED) -> None:
-    response._has_been_logged = True  # type: ignore[attr-defined]  # no django.request line per request
+    mark_logged(response)  # no django.request line per request
     if getattr(context.get("view"), "logs_refusals", False):
         return  # the heartbeat view logs its refusals itself (metrics.record_heartbeat)
     held = _auth_refusals.allow(code)
