@@ -2,17 +2,16 @@
 from __future__ import annotations
 
 from collections import deque
-from contextlib import suppress
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from assignments import fastpath
 from assignments.answers import HeartbeatResult
 from assignments.gates import group_gate
+from assignments.group_commit import GroupCommit, Queued
 from assignments.rows import load_state, lock_group
 from assignments.snapshot_cache import clearly_has_room, live_member_counts, lock_and_load, snapshots_enabled
 from assignments.writer import save_state
@@ -48,7 +47,7 @@ def heartbeat(group_name: str, req: HeartbeatRequest, now: datetime | None = Non
             return HeartbeatResult(refused, None)  # decided without the lock or a snapshot
     if not snapshots_enabled():
         return _locked_alone(group_name, req, now)
-    return _locked_in_turn(group_name, _Queued(req, now))
+    return _GROUP_COMMIT.apply(group_name, req, now)
 
 
 def _locked_alone(group_name: str, req: HeartbeatRequest, now: datetime | None) -> HeartbeatResult:
@@ -68,27 +67,8 @@ def _locked_alone(group_name: str, req: HeartbeatRequest, now: datetime | None) 
     return _result(group, response)
 
 
-# --- group commit --------------------------------------------------------------------------
-# A group's locked passes run one at a time (its row lock; this process's gate). While one
-# runs, the process's other locked heartbeats of the group queue; the next pass applies every
-# queued one (up to BATCH_MAX), in arrival order, to the one state it loaded, then saves and
-# commits once: exactly what the same heartbeats would do in passes of their own, one after
-# the other (each is applied at the time its turn comes), with one lock, one load, one write
-# batch and one commit for all. A join storm is a queue of hundreds of joins, then of
-# hundreds of heartbeats collecting their grants (Kafka's coordinator, single-threaded per
-# group, works the same way).
-BATCH_MAX = 64
-
-
-@dataclass(eq=False)
-class _Queued:
-    req: HeartbeatRequest
-    now: datetime | None
-    result: HeartbeatResult | None = None
-    error: BaseException | None = None
-
-
-_queues: ProcessCache[str, deque[_Queued]] = PROCESS.own(
+# --- group commit (assignments.group_commit) ------------------------------------------------
+_queues: ProcessCache[str, deque[Queued[HeartbeatResult]]] = PROCESS.own(
     "group queues", ProcessCache(),
     "Locked heartbeats waiting for this process's next pass of their group. key: group name ->"
     " queued heartbeats; bound: one queue per group, each emptied by the passes (BATCH_MAX at a"
@@ -97,59 +77,12 @@ _queues: ProcessCache[str, deque[_Queued]] = PROCESS.own(
 )
 
 
-def _locked_in_turn(group_name: str, mine: _Queued) -> HeartbeatResult:
-    queue = _queues.setdefault(group_name, deque())
-    queue.append(mine)
-    try:
-        with group_gate(group_name):
-            if mine.result is None and mine.error is None:  # nobody applied it while it waited
-                batch = [mine]
-                while queue and len(batch) < BATCH_MAX:
-                    queued = queue.popleft()
-                    if queued is not mine:
-                        batch.append(queued)
-                with suppress(ValueError):
-                    queue.remove(mine)  # in the queue still if a full batch left it there
-                _apply_batch(group_name, batch)
-    except BaseException:
-        # Dropped while it waited (the request deadline is a BaseException raised where the
-        # request waits): its client is told "not applied", so no later pass may apply it.
-        with suppress(ValueError):
-            queue.remove(mine)
-        raise
-    if mine.error is not None:
-        raise mine.error
-    assert mine.result is not None  # noqa: S101 - _apply_batch answers every one
-    return mine.result
-
-
-def _apply_batch(group_name: str, batch: list[_Queued]) -> None:
-    """Apply `batch` in one pass; if that fails, each heartbeat in a pass of its own, so one
-    that fails (a bug, a row the database refuses) fails alone. Not when the database is
-    unavailable: that fails them all at once (503, the members retry), as their own passes
-    would, instead of each waiting out the pool's timeout in turn while holding the gate."""
-    try:
-        _pass(group_name, batch)
-        return
-    except (OperationalError, InterfaceError) as exc:
-        for queued in batch:
-            queued.error = exc
-        return
-    except Exception as exc:
-        if len(batch) == 1:
-            batch[0].error = exc
-            return
-    for queued in batch:
-        try:
-            _pass(group_name, [queued])
-        except Exception as exc:
-            queued.error = exc
-
-
-def _pass(group_name: str, batch: list[_Queued]) -> None:
+def _pass(group_name: str, batch: list[Queued[HeartbeatResult]]) -> None:
     """One locked pass (gate held): lock and load once, apply each heartbeat in turn, save
-    and commit once. Answers are set only once the commit succeeded."""
-    answers: list[HeartbeatResponse] = []
+    and commit once. Answers are set only once the commit succeeded, and nothing yields
+    between the commit and the last answer set: every answer, metadata included, is made
+    before the commit, so a pass dropped after it still answers every heartbeat it applied."""
+    answers: list[HeartbeatResult] = []
     with transaction.atomic():
         group, state, loaded = lock_and_load(group_name, tuple(q.req.member_id for q in batch))
         if group is None or state is None or loaded is None:
@@ -165,11 +98,14 @@ def _pass(group_name: str, batch: list[_Queued]) -> None:
                 # R8: a refused heartbeat changes nothing; the others' changes must not carry
                 # a half-applied one.
                 raise RuntimeError(f"refused heartbeat changed the state: {queued.req}")
-            answers.append(response)
+            answers.append(_result(group, response))
         if not state.changes.empty:
             save_state(state, loaded, applied, commit=True)
-    for queued, response in zip(batch, answers, strict=True):
-        queued.result = _result(group, response)
+    for queued, answer in zip(batch, answers, strict=True):
+        queued.result = answer
+
+
+_GROUP_COMMIT = GroupCommit(_pass, _queues)
 
 
 def _changed(changes: Changes) -> tuple[object, ...]:
@@ -211,7 +147,7 @@ def _refused_join(group_name: str, req: HeartbeatRequest) -> HeartbeatResponse |
     """
     if req.owned_shards or getattr(req, "instance_id", None):
         return None  # a static member (§9) may replace its old incarnation: the core decides
-    joining = 1 + len(_queues.get(group_name, ()))  # this process's queued heartbeats: joins at most
+    joining = 1 + _GROUP_COMMIT.queued(group_name)  # this process's queued heartbeats: joins at most
     if clearly_has_room(group_name, joining):
         return None  # a seat for each: a count would refuse nothing (a join storm's joins, one join)
     # One count per group at a time in this process: a storm's joins all arrive before the
