@@ -554,6 +554,11 @@ class _Stamps:
             conn.close()
             self._merge_back(rows)
             return
+        except BaseException:
+            # A request that flushes before its locked pass was dropped (the request deadline,
+            # issue 27.4): the other members' stamps it took go with the next batch, not lost.
+            self._merge_back(rows)
+            raise
         oldest = min(ts for ts, _, _ in rows.values())
         STAMP_LAG.set(max(0.0, time.time() - oldest.timestamp()))
 

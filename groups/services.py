@@ -362,6 +362,10 @@ def rotate_api_key(key: ApiKey | str, *, grace_seconds: int = 0, actor: str = "o
     return raw, old
 
 
+# A lookup whose leader was dropped before it had the answer: its waiters look up again.
+_ABANDONED_LOOKUP = Exception("the key lookup's leader was dropped")
+
+
 def resolve_api_key(raw: str) -> KeyScope | None:
     """The scope of a valid key, or None; the check that sits on every request."""
     if not raw or len(raw) > MAX_KEY_LENGTH:
@@ -382,13 +386,20 @@ def resolve_api_key(raw: str) -> KeyScope | None:
             flight = _flights[digest] = _KeyFlight()
     if not leader:
         waiting.wait(flight.done)
+        if flight.error is _ABANDONED_LOOKUP:
+            return resolve_api_key(raw)  # its leader was dropped before the answer: look up again
         if flight.error is not None:
             raise flight.error
         return flight.scope
     try:
         scope = _load_key(digest)
-    except BaseException as exc:
+    except Exception as exc:
         flight.error = exc
+        raise
+    except BaseException:
+        # The leader's request was dropped (the request deadline, issue 27.4): its waiters
+        # are not, and look up again instead of failing with the leader's deadline.
+        flight.error = _ABANDONED_LOOKUP
         raise
     else:
         flight.scope = scope
