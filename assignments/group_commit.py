@@ -35,6 +35,7 @@ from django.db import InterfaceError, OperationalError
 
 from assignments.gates import group_gate
 from coordination.model import HeartbeatRequest
+from coordinator_project import waiting
 from coordinator_project.process_state import ProcessCache
 
 BATCH_MAX = 64
@@ -117,7 +118,7 @@ class GroupCommit(Generic[R]):
         applied it (its client must learn it), else None after making sure none will."""
         over = mine.in_pass
         if over is not None and mine.result is None:
-            over.wait(PASS_OUTCOME_WAIT_S)  # in a running pass: that pass decides
+            waiting.wait(over, PASS_OUTCOME_WAIT_S)  # in a running pass: that pass decides
         if mine.result is not None:
             return mine.result
         with suppress(ValueError):

@@ -53,9 +53,10 @@ def held(lock: _Lock) -> Iterator[None]:
         lock.release()
 
 
-def wait(event: threading.Event) -> None:
-    """Wait until `event` is set; before blocking, hand back this request's connections."""
+def wait(event: threading.Event, timeout: float | None = None) -> bool:
+    """Wait until `event` is set (or `timeout` seconds passed: False); before blocking, hand
+    back this request's connections."""
     if event.is_set():
-        return
+        return True
     dbpool.hand_back_before_waiting()
-    event.wait()
+    return event.wait() if timeout is None else event.wait(timeout)
