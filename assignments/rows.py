@@ -244,7 +244,7 @@ def load_page(group: Group, offset: int, limit: int) -> tuple[GroupState, list[s
     page_slots = (
         f"SELECT a.id FROM {ShardAssignment._meta.db_table} a JOIN {Shard._meta.db_table} s ON s.id = a.shard_id"
         f" JOIN {ShardVersion._meta.db_table} v ON v.id = s.version_id WHERE a.group_id = %s AND v.state <> %s"
-        " ORDER BY v.version, s.index LIMIT %s OFFSET %s")
+        " ORDER BY v.version, s.\"index\" LIMIT %s OFFSET %s")  # quoted: INDEX is an SQLite keyword
     slots_params: list[SQLValue] = [group.pk, VersionState.RETIRED, limit, offset]
     with connection.cursor() as cursor:
         cursor.execute(page_members.replace("SELECT id", "SELECT member_id", 1), members_params)
