@@ -316,6 +316,8 @@ EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 30)
 # one heard within the group's session timeout) and the oldest events go. 0: no cap.
 MAX_TOMBSTONES_PER_GROUP = env_int("MAX_TOMBSTONES_PER_GROUP", 10_000)
 MAX_EVENTS_PER_GROUP = env_int("MAX_EVENTS_PER_GROUP", 100_000)
+# A stream's own events (no group: reshard steps, stream key events) per stream, the same way.
+MAX_EVENTS_PER_STREAM = env_int("MAX_EVENTS_PER_STREAM", 100_000)
 RETENTION_INTERVAL_SECONDS = float(os.environ.get("RETENTION_INTERVAL_SECONDS", "300"))
 CELERY_BEAT_SCHEDULE["apply-retention"] = {
     "task": "groups.tasks.apply_retention",

@@ -19,7 +19,9 @@ Count caps per group (issue 27.9: one API key made 30,284 joins and leaves in 5 
 tombstones, the oldest (least recently heard) go first, whatever the retention age, but never
 one heard within the group's session timeout, for the reason above; beyond
 MAX_EVENTS_PER_GROUP events, the oldest go first. Both through the same locked,
-compare-and-set deletes as the age rule.
+compare-and-set deletes as the age rule. A stream's own events (no group: reshard steps, stream
+key events, group deletions) are capped the same way at MAX_EVENTS_PER_STREAM per stream, and
+events of neither a group nor a stream at that cap too (issue 27.10's remainder of 27.9).
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ def apply_retention(
     batch: int = BATCH,
     max_tombstones: int | None = None,
     max_events: int | None = None,
+    max_stream_events: int | None = None,
 ) -> dict[str, int]:
     """One pass. Ages and caps default to the settings; a zero age or cap (here or there)
     keeps everything as far as that rule goes. The age rule runs first, then the caps."""
@@ -63,12 +66,16 @@ def apply_retention(
         max_tombstones = int(getattr(settings, "MAX_TOMBSTONES_PER_GROUP", 10_000))
     if max_events is None:
         max_events = int(getattr(settings, "MAX_EVENTS_PER_GROUP", 100_000))
+    if max_stream_events is None:
+        max_stream_events = int(getattr(settings, "MAX_EVENTS_PER_STREAM", 100_000))
     tombstones = delete_old_tombstones(now, tombstone_age, batch) if tombstone_age else 0
     events = delete_old_events(now - event_age, batch) if event_age else 0
     if max_tombstones > 0:
         tombstones += delete_tombstones_over_cap(now, max_tombstones, batch)
     if max_events > 0:
         events += delete_events_over_cap(max_events, batch)
+    if max_stream_events > 0:
+        events += delete_stream_events_over_cap(max_stream_events, batch)
     return {"tombstones": tombstones, "events": events}
 
 
@@ -161,24 +168,39 @@ def _delete_oldest_batch(group_name: str, cutoff: datetime, cap: int, batch: int
 
 def delete_events_over_cap(cap: int, batch: int = BATCH) -> int:
     """Per group over `cap` events: the oldest go until `cap` are left (ids rise with time).
-    A stream's own events (no group: reshard steps) are few and kept by age alone."""
+    A stream's own events: delete_stream_events_over_cap."""
     over = (
         Event.objects.filter(group__isnull=False).values("group_id")
         .annotate(n=Count("id")).filter(n__gt=cap).values_list("group_id", flat=True)
     )
+    return sum(_delete_oldest_events(Q(group_id=group_id), cap, batch) for group_id in list(over))
+
+
+def delete_stream_events_over_cap(cap: int, batch: int = BATCH) -> int:
+    """Per stream over `cap` events of no group: the oldest go until `cap` are left. Events of
+    neither a group nor a stream count as one more such stream."""
+    over = (
+        Event.objects.filter(group__isnull=True).values("stream_id")
+        .annotate(n=Count("id")).filter(n__gt=cap).values_list("stream_id", flat=True)
+    )
     deleted = 0
-    for group_id in list(over):
-        newest_kept = list(
-            Event.objects.filter(group_id=group_id).order_by("-id").values_list("id", flat=True)[cap - 1:cap]
-        )
-        if not newest_kept:
-            continue
-        while True:
-            ids = list(Event.objects.filter(group_id=group_id, id__lt=newest_kept[0])
-                       .order_by("id").values_list("id", flat=True)[:batch])
-            if ids:
-                Event.objects.filter(id__in=ids).delete()
-            deleted += len(ids)
-            if len(ids) < batch:
-                break
+    for stream_id in list(over):
+        own = Q(stream_id=stream_id) if stream_id is not None else Q(stream__isnull=True)
+        deleted += _delete_oldest_events(Q(group__isnull=True) & own, cap, batch)
     return deleted
+
+
+def _delete_oldest_events(which: Q, cap: int, batch: int) -> int:
+    """The events matching `which` older than its `cap` newest, in batches (history only: no lock)."""
+    newest_kept = list(Event.objects.filter(which).order_by("-id").values_list("id", flat=True)[cap - 1:cap])
+    if not newest_kept:
+        return 0
+    deleted = 0
+    while True:
+        ids = list(Event.objects.filter(which, id__lt=newest_kept[0])
+                   .order_by("id").values_list("id", flat=True)[:batch])
+        if ids:
+            Event.objects.filter(id__in=ids).delete()
+        deleted += len(ids)
+        if len(ids) < batch:
+            return deleted

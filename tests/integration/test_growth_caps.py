@@ -87,9 +87,38 @@ def test_i27_9_events_over_the_cap_go_oldest_first_per_group(churned: datetime, 
     assert Event.objects.filter(group__isnull=True).count() == stream_events
 
 
+def test_i27_10_a_streams_own_events_over_the_cap_go_oldest_first_per_stream(churned: datetime, settings: Any):
+    # Events of no group: reshard steps, stream key events, group deletions (27.9 left them uncapped).
+    from groups.models import Stream
+
+    orders = Stream.objects.get(name="orders")
+    quiet = Stream.objects.get(name=make_group(stream="quiet", group="quiet-g").stream)
+    for i in range(30):
+        Event.objects.create(kind="reshard_sealing", stream=orders, actor="sweeper", detail={"i": i})
+    for i in range(2):
+        Event.objects.create(kind="reshard_sealing", stream=quiet, actor="sweeper", detail={"i": i})
+    for i in range(12):
+        Event.objects.create(kind="installation_note", actor="test", detail={"i": i})
+
+    def ids(**which: Any) -> list[int]:
+        return list(Event.objects.filter(group__isnull=True, **which).order_by("id").values_list("id", flat=True))
+
+    own, quiet_own, neither = ids(stream=orders), ids(stream=quiet), ids(stream__isnull=True)
+    group_events = Event.objects.filter(group__isnull=False).count()
+    cap = 5
+    assert len(quiet_own) <= cap < len(neither) < len(own)
+    settings.MAX_EVENTS_PER_STREAM = cap
+    result = run_retention(churned)
+    assert result["events"] == len(own) - cap + len(neither) - cap
+    assert ids(stream=orders) == own[-cap:]
+    assert ids(stream__isnull=True) == neither[-cap:]
+    assert ids(stream=quiet) == quiet_own
+    assert Event.objects.filter(group__isnull=False).count() == group_events  # per group: its own cap
+
+
 def test_i27_9_a_zero_cap_keeps_everything(churned: datetime):
     before = Event.objects.count()
-    assert apply_retention(churned, max_tombstones=0, max_events=0) == {"tombstones": 0, "events": 0}
+    assert apply_retention(churned, max_tombstones=0, max_events=0, max_stream_events=0) == {"tombstones": 0, "events": 0}
     assert len(tombstones()) == 12
     assert Event.objects.count() == before
 

@@ -12,7 +12,8 @@ class Command(BaseCommand):
     help = (
         "Delete member tombstones (LEFT/EXPIRED/FENCED) silent longer than the retention age and "
         "the group's session timeout, and events older than the event retention; then, per group, "
-        "the oldest beyond MAX_TOMBSTONES_PER_GROUP / MAX_EVENTS_PER_GROUP. Safe beside "
+        "the oldest beyond MAX_TOMBSTONES_PER_GROUP / MAX_EVENTS_PER_GROUP, and per stream its own "
+        "events beyond MAX_EVENTS_PER_STREAM. Safe beside "
         "Celery beat, which runs the same pass every RETENTION_INTERVAL_SECONDS."
     )
 
