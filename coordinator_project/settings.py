@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI and Redoc served from our static files, no CDN
+    "axes",  # admin login throttling (issue 27.2): lockout per account and per address
     "groups",
     "members",
     "assignments",
@@ -72,6 +73,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as axes requires: it only turns a login that its backend refused into the lockout
+    # answer (no query of its own; the heartbeat path never authenticates through Django).
+    "axes.middleware.AxesMiddleware",
 ]
 
 # The heartbeat benchmark swaps in bench.urls (adds its reference endpoints).
@@ -125,6 +129,11 @@ BODY_READ_TIMEOUT_SECONDS = float(os.environ.get("BODY_READ_TIMEOUT_SECONDS", "1
 REQUEST_DEADLINE_SECONDS = float(os.environ.get("REQUEST_DEADLINE_SECONDS", "5"))
 READYZ_DEADLINE_SECONDS = float(os.environ.get("READYZ_DEADLINE_SECONDS", "3"))
 OTHER_REQUEST_DEADLINE_SECONDS = float(os.environ.get("OTHER_REQUEST_DEADLINE_SECONDS", "30"))
+# Issue 27.2: operator requests (the admin, the API docs) run at most OPERATOR_CONCURRENCY at
+# once per gevent worker, OPERATOR_QUEUE_MAX more wait their turn, the rest answer 503 at once:
+# a flood of admin requests cannot take the loop the heartbeats run on (wsgi_guard.OperatorGate).
+OPERATOR_CONCURRENCY = env_int("OPERATOR_CONCURRENCY", 2)
+OPERATOR_QUEUE_MAX = env_int("OPERATOR_QUEUE_MAX", 100)
 # Issue 27.4: a connection whose peer vanished (host down, network cut) fails within about
 # DB_TCP_TIMEOUT seconds instead of waiting for the kernel's 2 hours (keepalives) or ~15 min
 # (unacknowledged data). A server that is alive at the TCP level but silent is the request
@@ -212,9 +221,47 @@ INTAKE_MAX_GAP_SECONDS = float(os.environ.get("INTAKE_MAX_GAP_SECONDS", max(5.0,
 # heartbeat_tables, also /readyz); not granted within this long, the intake counts as down.
 INTAKE_PROBE_LOCK_TIMEOUT_MS = int(os.environ.get("INTAKE_PROBE_LOCK_TIMEOUT_MS", "1000"))
 
+# --- Admin logins (issue 27.2, docs/SECURITY.md "Admin login protection") -------
+# Django's full set of validators (createsuperuser, changepassword, the admin's password forms).
+ADMIN_PASSWORD_MIN_LENGTH = env_int("ADMIN_PASSWORD_MIN_LENGTH", 12)
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+     "OPTIONS": {"min_length": ADMIN_PASSWORD_MIN_LENGTH}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# PBKDF2 derivation off the gevent loop, in ADMIN_HASH_THREADS OS threads per web worker at nice
+# ADMIN_HASH_THREAD_NICE (coordinator_project.admin_login). The other hashers verify old hashes.
+PASSWORD_HASHERS = [
+    "coordinator_project.admin_login.OffLoopPBKDF2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2SHA1PasswordHasher",
+    "django.contrib.auth.hashers.Argon2PasswordHasher",
+    "django.contrib.auth.hashers.BCryptSHA256PasswordHasher",
+    "django.contrib.auth.hashers.ScryptPasswordHasher",
+]
+ADMIN_HASH_THREADS = env_int("ADMIN_HASH_THREADS", 2)
+ADMIN_HASH_THREAD_NICE = env_int("ADMIN_HASH_THREAD_NICE", 10)
+# Throttling (django-axes): after LOGIN_FAILURE_LIMIT failed logins for one username, or from
+# one client address (REMOTE_ADDR: behind a proxy, see SECURITY.md), further logins for it are
+# refused with 429 for LOGIN_COOLOFF_MINUTES (0: until an operator resets it with
+# manage.py axes_reset_username / axes_reset_ip / axes_reset). Attempts are kept in the
+# database (shared by every worker and host) and shown in the admin ("Access attempts").
+LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10)
+LOGIN_COOLOFF_MINUTES = float(os.environ.get("LOGIN_COOLOFF_MINUTES", "15"))
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out login before any hash
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = (LOGIN_COOLOFF_MINUTES / 60) or None  # hours; None: until reset
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # either one locks: per account, per address
+AXES_LOCKOUT_CALLABLE = "coordinator_project.admin_login.lockout_response"
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+# One line per failed login and per lockout comes from coordinator_project.admin_login
+# (throttled per address); axes' own per-attempt lines would repeat them unthrottled.
+_AXES_LOG_LEVEL = "ERROR"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -267,6 +314,7 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {
         "httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"},
+        "axes": {"level": _AXES_LOG_LEVEL},
         **{name: {"filters": ["refusals"]} for name in REFUSAL_LOGGERS},
     },
 }

@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import connections
 from gevent import monkey
 
+from coordinator_project import waiting
 from coordinator_project.logging import LogThrottle
 from coordinator_project.process_state import PROCESS
 from dataplane.protocol import ErrorCode
@@ -47,6 +48,47 @@ _refusals = PROCESS.own(
     "One warning line per refusal kind per 10 s."
     " key: a refusal's kind -> when its last line was logged, lines held since; bound: 1,000 kinds, then emptied; invalidated: every 10 s per kind; N hosts: per process by design (each logs its own lines).",
 )
+
+
+class OperatorGate:
+    """At most OPERATOR_CONCURRENCY operator requests (the admin, the API docs: every path but
+    the API, the probes and /metrics) run at once in this worker; up to OPERATOR_QUEUE_MAX more
+    wait for a turn (without CPU), the rest answer 503 at once (issue 27.2).
+
+    Greenlets share the worker's one loop in turn, so every request that runs delays every
+    other by its CPU bursts: 60 clients fetching the admin login form as fast as it came took
+    a heartbeat's p50 to 4 s. With the gate a heartbeat waits behind at most this many admin
+    requests' bursts, however many arrive."""
+
+    def __init__(self) -> None:
+        self._semaphore: Any = None
+        self.waiting = 0
+
+    def semaphore(self) -> Any:
+        if self._semaphore is None:
+            from gevent.lock import BoundedSemaphore
+
+            self._semaphore = BoundedSemaphore(max(1, settings.OPERATOR_CONCURRENCY))
+        return self._semaphore
+
+    def reset(self) -> None:
+        self._semaphore, self.waiting = None, 0
+
+
+_operator_gate = PROCESS.own(
+    "operator request gate", OperatorGate(),
+    "Admin and docs requests running in this worker (OPERATOR_CONCURRENCY) and waiting for a turn."
+    " key: none (one semaphore and a count); bound: OPERATOR_CONCURRENCY running, OPERATOR_QUEUE_MAX"
+    " waiting, the rest refused; invalidated: each request releases its turn; N hosts: per worker by"
+    " design (it shares out this worker's loop).",
+)
+
+_UNGATED_PREFIXES = ("/api/v1/",)
+_UNGATED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+def is_operator_request(path: str) -> bool:
+    return not path.startswith(_UNGATED_PREFIXES) and path not in _UNGATED_PATHS
 
 
 class RequestDeadlineExceeded(BaseException):
@@ -210,9 +252,29 @@ class RequestGuard:
             return self.app(environ, start_response)
         deadline = deadline_for(path)
         remaining = deadline - (time.monotonic() - started)
+        gate = _operator_gate if is_operator_request(path) else None
+        if gate is not None and gate.waiting >= settings.OPERATOR_QUEUE_MAX and gate.semaphore().locked():
+            log_refusal("operator-queue", "request refused: 503, %s operator requests already wait (%s %s from %s)",
+                        gate.waiting, environ.get("REQUEST_METHOD"), path.encode("unicode_escape").decode(),
+                        environ.get("REMOTE_ADDR"))
+            return _json_response(environ, start_response, "503 Service Unavailable",
+                                  ErrorCode.COORDINATOR_UNAVAILABLE,
+                                  "too many admin requests at once on this node; retry later",
+                                  retry_after=settings.DB_RETRY_AFTER_SECONDS, close=True)
         try:
             with gevent.Timeout(max(remaining, 0.001), RequestDeadlineExceeded):
-                return self.app(environ, start_response)
+                if gate is None:
+                    return self.app(environ, start_response)
+                semaphore = gate.semaphore()
+                gate.waiting += 1
+                try:
+                    waiting.acquire(semaphore)
+                finally:
+                    gate.waiting -= 1
+                try:
+                    return self.app(environ, start_response)
+                finally:
+                    semaphore.release()
         except RequestDeadlineExceeded:
             abandon_connections()
             log_refusal("deadline", "request dropped: 503, not done within its deadline of %s s (%s %s)",

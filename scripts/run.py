@@ -347,7 +347,7 @@ class Supervisor:
                 name, sep, value = line.partition("=")
                 if sep and not name.startswith("#"):
                     previous[name.strip()] = value.strip()
-        password = self.env.get("RSC_ADMIN_PASSWORD") or previous.get("RSC_ADMIN_PASSWORD") or secrets.token_urlsafe(9)
+        password = self.env.get("RSC_ADMIN_PASSWORD") or previous.get("RSC_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
         self.env["RSC_ADMIN_PASSWORD"] = password
         database = (f"DATABASE_URL={self.env['DATABASE_URL']}" if self.env.get("DATABASE_URL")
                     else f"SQLITE_PATH={self.sqlite_path()}")

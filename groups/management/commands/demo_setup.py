@@ -48,7 +48,7 @@ class Command(BaseCommand):
         except ServiceError as exc:
             raise CommandError(str(exc)) from exc
         username = os.environ.get("RSC_ADMIN_USER", "admin")
-        password = os.environ.get("RSC_ADMIN_PASSWORD") or secrets.token_urlsafe(9)
+        password = os.environ.get("RSC_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
         user_model = get_user_model()
         user = user_model.objects.filter(username=username).first()
         if user is None:
