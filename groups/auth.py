@@ -6,7 +6,7 @@ from rest_framework.authentication import BaseAuthentication
 from rest_framework.request import Request
 
 from groups.ratelimit import auth_lookup_retry_after, note_auth_failure
-from groups.services import KeyScope, cached_api_key, resolve_api_key
+from groups.services import KeyScope, cached_api_key, recently_valid_key, resolve_api_key
 
 
 class AuthLookupsThrottled(exceptions.Throttled):
@@ -31,10 +31,11 @@ class ApiKeyAuthentication(BaseAuthentication):
         if not known:
             # A database lookup. Beyond AUTH_FAILURE_BURST_PER_IP failed ones from this address
             # (refilled at AUTH_FAILURE_RATE_PER_IP a second), no lookup at all: 429. Keys the
-            # cache knows still pass, so members that share the address keep working.
+            # cache knows, or knew (expired entries of valid keys), still pass, so members
+            # that share the address keep working.
             address = request.META.get("REMOTE_ADDR", "")
             retry = auth_lookup_retry_after(address)
-            if retry:
+            if retry and not recently_valid_key(parts[1]):
                 raise AuthLookupsThrottled(retry)
             scope = resolve_api_key(parts[1])
             if scope is None:

@@ -429,6 +429,12 @@ def cached_api_key(raw: str) -> tuple[bool, KeyScope | None]:
     return _cached_key(_hash(raw))
 
 
+def recently_valid_key(raw: str) -> bool:
+    """This worker resolved this key to a scope before, and its cache entry has merely expired
+    (an active member's key, once a second): not a guess, whatever its address did."""
+    return bool(raw) and len(raw) <= MAX_KEY_LENGTH and _hash(raw) in _key_cache
+
+
 def _cached_key(digest: str) -> tuple[bool, KeyScope | None]:
     """(True, scope or None) when the caches answer for this key now, else (False, None)."""
     now = time.monotonic()

@@ -286,6 +286,7 @@ def test_joins_beyond_the_per_address_rate_get_429(api: APIClient, orders: Group
 @override_settings(AUTH_FAILURE_RATE_PER_IP=0.001, AUTH_FAILURE_BURST_PER_IP=5)
 def test_i27_10_random_unknown_keys_from_one_address_get_429_without_a_query_after_the_burst(
         api: APIClient, orders: GroupFixture):
+    from groups import services as services_module
     from groups.services import clear_key_cache
 
     attacker, other = "10.9.0.1", "10.9.0.2"
@@ -306,6 +307,12 @@ def test_i27_10_random_unknown_keys_from_one_address_get_429_without_a_query_aft
     assert beat(api, orders, "rsc_random-other", REMOTE_ADDR=other).status_code == 401
     assert beat(api, orders, orders.key, member="a", REMOTE_ADDR=other).status_code == 200
     assert beat(api, orders, orders.key, member="b", REMOTE_ADDR=attacker).status_code == 200
+    # A valid key whose cache entry expired (once a second) is looked up again even from the
+    # throttled address: members behind the attacker's address keep heartbeating.
+    services_module._key_cache.update({d: (0.0, scope) for d, (_, scope) in services_module._key_cache.items()})
+    with CaptureQueriesContext(connection) as relooked:
+        assert beat(api, orders, orders.key, member="c", REMOTE_ADDR=attacker).status_code == 200
+    assert any("groups_apikey" in q["sql"] for q in relooked.captured_queries)
 
 
 @override_settings(AUTH_FAILURE_RATE_PER_IP=0)
