@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -123,3 +125,59 @@ def test_i27_2_login_flood_leaves_heartbeats_fast(transactional_db: None, tmp_pa
     bar99, bar50 = max(100.0, 3 * a99), max(50.0, 3 * a50)
     assert p99 <= bar99, f"heartbeat p99 {p99:.0f} ms > {bar99:.0f} ms over {len(latencies)} heartbeats (alone: {a99:.0f} ms)"
     assert p50 <= bar50, f"heartbeat p50 {p50:.0f} ms > {bar50:.0f} ms (alone: {a50:.0f} ms)"
+
+
+def test_i27_2_operator_gate_refuses_admin_requests_beyond_its_turns_not_heartbeats(
+    transactional_db: None, tmp_path: Path
+):
+    """OPERATOR_CONCURRENCY=1 and OPERATOR_QUEUE_MAX=0 per worker: of 8 logins sent at once to
+    2 workers, at most one per worker runs (a password check, >= 250 ms); the others answer 503
+    at once. Heartbeats sent meanwhile are not gated. Before the gate all 8 ran."""
+    fx = make_group(stream="gate", group="gate-g")
+    get_user_model().objects.create_superuser("root", password=PASSWORD)
+    env = {"LOGIN_FAILURE_LIMIT": "1000000", "OPERATOR_CONCURRENCY": "1", "OPERATOR_QUEUE_MAX": "0",
+           "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    with running_gunicorn(**env) as server:
+        headers = {"Authorization": f"Bearer {fx.key}"}
+        r = httpx.post(f"{server.url}/api/v1/groups/{fx.group}/heartbeat", json={"memberId": "p", "memberEpoch": 0},
+                       headers=headers, timeout=10)
+        epoch = r.json()["memberEpoch"]
+        clients = [httpx.Client(base_url=server.url, timeout=60) for _ in range(8)]
+        try:
+            tokens = []
+            for c in clients:
+                page = c.get("/admin/login/")
+                found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+                assert found, page.text[:200]
+                tokens.append(found.group(1))
+            answers: list[tuple[int, str, float]] = []
+
+            def login(i: int) -> None:
+                t0 = time.perf_counter()
+                resp = clients[i].post("/admin/login/", data={"csrfmiddlewaretoken": tokens[i], "username": "root",
+                                                              "password": f"wrong-{i}"})
+                answers.append((resp.status_code, resp.text[:200], time.perf_counter() - t0))
+
+            threads = [threading.Thread(target=login, args=(i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            beats = []
+            while any(t.is_alive() for t in threads):
+                hb = httpx.post(f"{server.url}/api/v1/groups/{fx.group}/heartbeat",
+                                json={"memberId": "p", "memberEpoch": epoch}, headers=headers, timeout=10)
+                beats.append(hb.status_code)
+                if hb.status_code == 200:
+                    epoch = hb.json()["memberEpoch"]
+            for t in threads:
+                t.join(60)
+        finally:
+            for c in clients:
+                c.close()
+    refused = [a for a in answers if a[0] == 503]
+    print(f"logins: {sorted((a[0], round(a[2], 2)) for a in answers)}; heartbeats meanwhile: {beats}")
+    assert len(answers) == 8
+    assert refused, answers
+    assert all("too many admin requests" in a[1] for a in refused), refused
+    assert {a[0] for a in answers} <= {200, 503}, answers
+    assert beats, "no heartbeat was sent while the logins ran"
+    assert set(beats) == {200}, beats
