@@ -17,6 +17,7 @@ from typing import overload
 
 from django.conf import settings
 from django.db import connection
+from django.db.backends.utils import CursorWrapper
 
 from assignments.models import ShardAssignment, SQLValue
 from coordination.model import LIVE_STATUSES, GroupState, Member, MemberStatus, ShardSlot
@@ -84,16 +85,16 @@ def shard_catalogue(stream_id: int, metadata_epoch: int, need: set[int]) -> dict
     return cat
 
 
-def name_unloaded(cursor: object, pk_member: dict[int, str], loaded: Loaded, pks: set[int | None]) -> None:
+def name_unloaded(cursor: CursorWrapper, pk_member: dict[int, str], loaded: Loaded, pks: set[int | None]) -> None:
     """Read the names of the members slots refer to that are not in `pk_member` (one query,
     only when there are any); they go in `loaded.other_pk`, so saving maps them back."""
     unknown = sorted(pk for pk in pks if pk is not None and pk not in pk_member)
     if not unknown:
         return
-    cursor.execute(  # type: ignore[attr-defined]
+    cursor.execute(
         f"SELECT id, member_id FROM {MemberRow._meta.db_table} WHERE id IN {in_list(unknown)}", unknown
     )
-    for pk, mid in cursor.fetchall():  # type: ignore[attr-defined]
+    for pk, mid in cursor.fetchall():
         pk_member[pk] = mid
         loaded.other_pk[mid] = pk
 
@@ -176,16 +177,16 @@ def slot_from_row(
     )
 
 
-def _reports(cursor: object, group: Group, member_ids: list[str]) -> dict[str, list[str]]:
+def _reports(cursor: CursorWrapper, group: Group, member_ids: list[str]) -> dict[str, list[str]]:
     if not member_ids:
         return {}
-    cursor.execute(  # type: ignore[attr-defined]
+    cursor.execute(
         f"SELECT member_id, last_reported_owned FROM {MemberRow._meta.db_table}"
         f" WHERE group_id = %s AND member_id IN {in_list(member_ids)}",
         [group.pk, *member_ids],
     )
     return {mid: owned if isinstance(owned, list) else json.loads(owned or "[]")
-            for mid, owned in cursor.fetchall()}  # type: ignore[attr-defined]
+            for mid, owned in cursor.fetchall()}
 
 
 MEMBER_SQL = f"SELECT {', '.join(MEMBER_COLUMNS)} FROM {MemberRow._meta.db_table} WHERE group_id = %s"
