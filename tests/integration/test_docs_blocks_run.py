@@ -190,12 +190,36 @@ def test_i24_7_readme_blocks_run_as_printed(stack: Stack):
     assert stack.members() == []  # it left the group when stopped
 
 
+def test_i24_7_dataplane_install_block_runs_in_a_fresh_virtualenv(tmp_path: Path):
+    """`pip install ./dataplane` and the wheel, from the repository root, into a virtualenv
+    that has nothing else: the console script and the package work from another directory."""
+    code = next(code for _lang, code in run_blocks("dataplane/README.md") if code.startswith("pip install"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+    wheels = tmp_path / "wheels"
+    code = code.replace("/tmp/wheels", str(wheels))  # noqa: S108 - the doc's path, replaced by the test's
+    done = subprocess.run(["bash", "-e", "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert list(wheels.glob("rsc_dataplane-*.whl")), list(wheels.iterdir())
+    from dataplane import __version__
+
+    version = subprocess.run([str(venv / "bin" / "rsc-dataplane"), "--version"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert version.stdout.strip() == f"rsc-dataplane {__version__}", version
+    imported = subprocess.run([str(venv / "bin" / "python"), "-c", "import dataplane; print(dataplane.__file__)"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert str(venv) in imported.stdout, imported  # the installed copy, not the checkout
+
+
 def eval_list(line: str) -> list[str]:
     return ast.literal_eval(line.split(" ", 1)[1])
 
 
 def test_i24_7_dataplane_readme_blocks_run_as_printed(stack: Stack):
-    blocks = run_blocks("dataplane/README.md")
+    blocks = [b for b in run_blocks("dataplane/README.md") if not b[1].startswith("pip install")]
     assert [lang for lang, _ in blocks] == ["python", "sh", "python", "python"]
     stack.create()
     # Consumer until SIGTERM, then the Producer sends three messages.
