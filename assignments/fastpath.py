@@ -26,7 +26,6 @@ fsync stalls would otherwise gate every heartbeat. SQL is built from model metad
 from __future__ import annotations
 
 import atexit
-import functools
 import json
 import logging
 import os
@@ -263,11 +262,24 @@ class _GroupReads:
     its own.
     """
 
-    def __init__(self, fetch: Callable[[str], tuple | None]) -> None:
+    def __init__(self, fetch: Callable[[str], tuple | None], *, cooperative: bool = False) -> None:
         self._fetch = fetch
+        self.cooperative = cooperative  # chosen at worker start (configure), never sniffed
         self._lock = threading.Lock()
         self._next: dict[str, _Read] = {}  # group -> the read not started yet (others join it)
         self._running: dict[str, _Read] = {}  # group -> the read in flight
+
+    def configure(self, *, cooperative: bool) -> None:
+        """At worker start (PROCESS.start): whether this worker runs on gevent's cooperative
+        threads, where a leader lets the other ready requests join its read first."""
+        self.cooperative = cooperative
+
+    def reset(self) -> None:
+        """Forget the reads not started and in flight (tests; a worker's start): their
+        heartbeats keep the read they hold, later ones start new reads."""
+        with self._lock:
+            self._next.clear()
+            self._running.clear()
 
     def read(self, group: str) -> tuple | None:
         while True:
@@ -298,7 +310,7 @@ class _GroupReads:
                 running = self._running.get(group)
             if running is not None:
                 waiting.wait(running.done)  # joiners keep arriving meanwhile; they share this read
-            elif _cooperative():
+            elif self.cooperative:
                 # Let the worker's other ready requests reach this point first and share the
                 # read (one pass through the ready greenlets). Measured at 2,000 heartbeats/s:
                 # 1.4 → 6–15 heartbeats per read. Not with OS threads (sync workers, tests):
@@ -317,7 +329,8 @@ class _GroupReads:
             read.done.set()
             raise
         with self._lock:
-            del self._next[group]  # started: a heartbeat arriving from now on waits for the next
+            if self._next.get(group) is read:  # (gone only if reset meanwhile)
+                del self._next[group]  # started: a heartbeat arriving from now on waits for the next
             self._running[group] = read
         try:
             read.row = self._fetch(group)
@@ -333,29 +346,13 @@ class _GroupReads:
             read.done.set()
 
 
-@functools.cache
-def _cooperative() -> bool:
-    """Whether this process runs on gevent's monkey-patched threads (gunicorn's gevent worker
-    patches before it loads the application)."""
-    try:
-        from gevent import monkey
-    except ImportError:
-        return False
-    return bool(monkey.is_module_patched("threading"))
-
-
-PROCESS.own(
-    "cooperative worker", _cooperative,
-    "key: none (whether this process runs on gevent's patched threads); bound: one value;"
-    " invalidated: never (fixed once the worker has started); N hosts: a fact of this process.",
-    reset=_cooperative.cache_clear,
-)
-_GROUP_READS = PROCESS.own(
+_GROUP_READS: _GroupReads = PROCESS.own(
     "shared group reads", _GroupReads(lambda group: _liveness_query(_VERSION_SQL, (group,))),
     "key: group name -> the read of its row not started yet and the one in flight; bound: two"
     " per group; invalidated: each read is used once, by heartbeats that arrived before it"
     " started; N hosts: it is a fresh read of the database.",
-    reset=lambda: None,  # holds nothing between requests
+    # The coalescer is chosen when the worker starts (gunicorn's gevent worker: cooperative).
+    start=lambda process: _GROUP_READS.configure(cooperative=process.cooperative),
 )
 
 

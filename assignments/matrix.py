@@ -24,6 +24,7 @@ from coordination.liveness import Liveness, liveness
 from coordination.model import GroupState, Member, ShardSlot
 from dataplane.routing import shard_sort_key
 from groups.models import Group, StreamState
+from groups.namespace import observe_generation
 from groups.selectors import group_shard_stats
 from groups.shardstats import GroupStats
 
@@ -322,6 +323,7 @@ def _version_summaries(columns: list[ShardColumn]) -> tuple[VersionSummary, ...]
 
 
 def build_matrix(group: Group, now: datetime, *, with_stats: bool = True, full: bool | None = None) -> Matrix:
+    observe_generation()  # after a restore, no cached catalogue or figure of the old history
     state = read_group_state(group)
     stats = group_shard_stats(group) if with_stats else None
     return matrix_from_state(state, now, stats, full=full)

@@ -88,6 +88,15 @@ def _publish_identity(**_: Any) -> None:
         logging.getLogger(__name__).exception("cannot publish the installation identity")
 
 
+@signals.worker_process_init.connect
+def _start_process_state(**_: Any) -> None:
+    # Issue 23.1: each Celery worker process starts its process state fresh (prefork: not
+    # cooperative).
+    from coordinator_project.process_state import PROCESS
+
+    PROCESS.start(cooperative=False)
+
+
 @signals.worker_process_shutdown.connect
 def _close_process_state(**_: Any) -> None:
     # Issue 23.1: what this worker process keeps is flushed and closed (process_state.PROCESS).

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from django.db import connections
 
+from coordinator_project.process_state import PROCESS
+
 
 def release(alias: str = "default") -> None:
     """Hand this request's pooled connection of `alias` back to its pool, unless it is inside
@@ -36,3 +38,29 @@ def hand_back_before_waiting() -> None:
     for conn in connections.all(initialized_only=True):
         if conn.connection is not None and not conn.in_atomic_block:
             conn.close()
+
+
+def hand_back_pooled() -> None:
+    """Every pooled connection this thread holds outside a transaction goes back to its pool."""
+    for alias in connections.settings:
+        release(alias)
+
+
+def close_pools() -> None:
+    """Worker exit: close this process's connections and its pools (no new connection is made
+    for them after this)."""
+    for conn in connections.all():
+        close_pool = getattr(conn, "close_pool", None)  # PostgreSQL backends (Django 5.1+)
+        if conn.settings_dict.get("OPTIONS", {}).get("pool") and close_pool is not None:
+            close_pool()
+    connections.close_all()
+
+
+PROCESS.own(
+    "connection pools", connections,
+    "This process's database connections and their pools (settings.DB_POOL under gevent:"
+    " 'default' 2, 'liveness' 4). key: database alias -> pool; bound: the pool sizes;"
+    " invalidated: reset hands pooled connections back, close (worker exit) closes the pools;"
+    " N hosts: each process has its own pools on the one database.",
+    reset=hand_back_pooled, close=close_pools,
+)

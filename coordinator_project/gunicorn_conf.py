@@ -86,6 +86,12 @@ def child_exit(server: Any, worker: Any) -> None:
 
 
 def post_worker_init(worker: Any) -> None:
+    # Issue 23.1/23.6: this worker's process state starts fresh (nothing inherited from the
+    # master), and what depends on the worker class is chosen now, not sniffed per request:
+    # on gevent workers the shared group reads coalesce ready requests.
+    from coordinator_project.process_state import PROCESS
+
+    PROCESS.start(cooperative=any(cls.__name__ == "GeventWorker" for cls in type(worker).__mro__))
     # A slot per connection plus the database, Redis and log descriptors: raise the soft limit
     # of open files as far as the hard one allows (the usual soft default is 1,024).
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

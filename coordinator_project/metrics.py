@@ -53,6 +53,7 @@ from dataplane.protocol import ErrorCode
 from groups import selectors as group_selectors
 from groups import shardstats
 from groups.models import Group, StreamState, VersionState
+from groups.namespace import observe_generation
 from members import selectors as member_selectors
 
 log = logging.getLogger("coordinator.heartbeat")
@@ -179,6 +180,7 @@ class StateCollector(Collector):
     """Per-group and per-stream state, read from the database on every scrape."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        observe_generation()  # after a restore, no cached shard set or figure of the old history
         now = timezone.now()
         groups = group_selectors.groups_with_streams()
 

@@ -13,6 +13,12 @@ coordinator hosts on one PostgreSQL. Nothing here is authoritative: the database
   stamps written, Redis clients closed), then forgets the rest.
 - `PROCESS.owned()` lists what is owned (the test that every entry is documented, the docs'
   table of per-process state).
+- `PROCESS.start(cooperative=...)` runs once at each worker's start (gunicorn's
+  post_worker_init, Celery's worker_process_init): it forgets whatever the process inherited
+  (from the master before the fork, or filled at import), records whether the worker runs on
+  gevent's cooperative threads, and lets each entry that decides something per worker decide
+  it (`own(start=...)`: the shared group reads choose their coalescer). Until then (manage.py,
+  tests) a process counts as not cooperative.
 
 A module keeps a reference to what it owns for speed (a steady heartbeat reads several of
 these per request); the owner only has to reach each of them.
@@ -20,6 +26,7 @@ these per request); the owner only has to reach each of them.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +58,7 @@ class Owned:
     reset: Callable[[], None]
     close: Callable[[], None]
     rewind: Callable[[], None]  # the database went back: drop (not flush) what it holds
+    start: Callable[[ProcessState], None] | None  # decides what depends on the worker (start())
 
 
 def _default(thing: Any, *names: str) -> Callable[[], None]:
@@ -70,11 +78,15 @@ class ProcessState:
         # The installation generation this process's caches belong to (None: not read yet).
         self.generation: int | None = None
         self.rewinds = 0  # how many rewinds this process detected (tests, logs)
+        # Set by start(): whether this worker runs on gevent's cooperative threads (gunicorn's
+        # gevent worker), and which process started (None: not started as a worker).
+        self.cooperative = False
+        self.started_pid: int | None = None
 
     def own(
         self, name: str, thing: T, doc: str, *,
         reset: Callable[[], None] | None = None, close: Callable[[], None] | None = None,
-        rewind: Callable[[], None] | None = None,
+        rewind: Callable[[], None] | None = None, start: Callable[[ProcessState], None] | None = None,
     ) -> T:
         """Take `thing` into the process state under `name` and return it. `reset` defaults to
         its reset() or clear(); `close` to its close(), else the reset; `rewind` to the reset.
@@ -82,10 +94,24 @@ class ProcessState:
         reset = reset or _default(thing, "reset", "clear")
         if close is None:
             close = _default(thing, "close") if callable(getattr(thing, "close", None)) else reset
-        entry = Owned(name, thing, doc, reset, close, rewind or reset)
+        entry = Owned(name, thing, doc, reset, close, rewind or reset, start)
         with self._lock:
             self._owned[name] = entry
+            started = self.started_pid is not None
+        if started and start is not None:  # a module imported after the worker started
+            start(self)
         return thing
+
+    def start(self, *, cooperative: bool) -> None:
+        """A worker process starts (gunicorn post_worker_init, Celery worker_process_init):
+        forget what it inherited, then let each entry decide what depends on the worker."""
+        self.reset()
+        self.generation = None
+        self.cooperative = cooperative
+        self.started_pid = os.getpid()
+        for entry in self.owned().values():
+            if entry.start is not None:
+                entry.start(self)
 
     def owned(self) -> dict[str, Owned]:
         with self._lock:

@@ -13,6 +13,7 @@ from assignments import selectors as assignment_selectors
 from coordination.liveness import NEEDS_ATTENTION
 from groups import selectors, shardstats
 from groups.models import Group
+from groups.namespace import observe_generation
 from members import selectors as member_selectors
 
 
@@ -25,6 +26,7 @@ class GroupLine:
 
 
 def dashboard(now: datetime) -> dict[str, Any]:
+    observe_generation()  # after a restore, no cached figure of the old history
     versions = selectors.live_versions_by_stream()
     progress = assignment_selectors.sealed_drain_by_stream()
     stream_lines = [

@@ -21,6 +21,7 @@ from coordination.model import LIVE_STATUSES, GroupState, ShardSlot, ShardState
 from dataplane.routing import shard_sort_key
 from groups import selectors, shardstats
 from groups.models import Group
+from groups.namespace import observe_generation
 from members import selectors as member_selectors
 
 
@@ -159,6 +160,7 @@ def describe_group(
     """GET /api/v1/groups/{group} and `describe_group`: who holds what, how far behind. One page
     of `page_size` members and of shards (1-based `page`; the counts are the group's), or
     everything with `page_size=None` (reads the whole group: for tools, not for pages)."""
+    observe_generation()  # after a restore, no cached catalogue or figure of the old history
     group = selectors.group_with_stream(name)
     if group is None:
         return None

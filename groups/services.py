@@ -245,9 +245,14 @@ _flights: ProcessCache[str, _KeyFlight] = PROCESS.own(
     "API key lookups in flight", ProcessCache(),
     "key: SHA-256 of a bearer key -> its one database lookup in flight; bound: one per key being"
     " looked up; invalidated: the lookup's end; N hosts: each is a fresh read.",
-    reset=lambda: None,  # waiters hold their flight; it removes itself when done
+    reset=lambda: _forget_flights(),  # waiters keep the flight they hold; later keys look up anew
 )
 _flights_guard = threading.Lock()
+
+
+def _forget_flights() -> None:
+    with _flights_guard:
+        _flights.clear()
 
 
 @functools.lru_cache(maxsize=1024)

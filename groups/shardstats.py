@@ -248,9 +248,14 @@ _refreshing: set[tuple[str, str, tuple[str, ...]]] = PROCESS.own(
     "shard figure refreshes", set(),
     "key: (group, key prefix, shard ids) being re-read in the background; bound: one per key;"
     " invalidated: the refresh's end; N hosts: each host refreshes its own figures.",
-    reset=lambda: None,  # a refresh in flight removes its own key
+    reset=lambda: _forget_refreshes(),  # a refresh in flight ends as usual; its key may run again
 )
 _lock_refreshing = threading.Lock()
+
+
+def _forget_refreshes() -> None:
+    with _lock_refreshing:
+        _refreshing.clear()
 
 
 def _refresh_in_background(key: tuple[str, str, tuple[str, ...]]) -> None:

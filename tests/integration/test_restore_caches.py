@@ -86,3 +86,41 @@ def test_i23_3_after_a_restore_and_a_reshard_no_node_serves_the_abandoned_histor
     start_reshard(fx.stream, 4)
     assert _joins(gunicorn_server, fx.group, fx.key, "after") == [[2, 4]] * PROBES
     assert _routing(gunicorn_server, fx.stream, fx.stream_key) == [[2, 4]] * PROBES
+
+
+def test_i23_3_describe_the_admin_pages_and_the_metrics_read_the_installation_generation():
+    """A node that serves only describe, the admin's matrix and dashboard, or /metrics after a
+    restore elsewhere (another host ran raise_epochs_after_restore) drops what it cached of the
+    abandoned history before it answers: each reads the generation first."""
+    from django.db.models import F
+    from django.utils import timezone
+
+    from assignments import rows
+    from assignments.matrix import build_matrix
+    from coordinator_project.metrics import StateCollector
+    from coordinator_project.process_state import PROCESS
+    from groups.dashboard import dashboard
+    from groups.describe import describe_group
+    from groups.models import Group, Installation
+    from groups.namespace import installation_id, observe_generation
+
+    from .conftest import group_on_fresh_stream
+
+    with group_on_fresh_stream("gen", "g-gen") as fx:
+        installation_id()  # the installation row exists
+        observe_generation()
+        group = Group.objects.select_related("stream").get(name=fx.group)
+        readers = {
+            "describe": lambda: describe_group(fx.group),
+            "matrix": lambda: build_matrix(group, timezone.now(), with_stats=False),
+            "dashboard": lambda: dashboard(timezone.now()),
+            "metrics": lambda: list(StateCollector().collect()),
+        }
+        for name, read in readers.items():
+            read()
+            rows._catalogue[(-1, -1)] = {}  # what this node cached before the restore elsewhere
+            rewinds = PROCESS.rewinds
+            Installation.objects.filter(pk=1).update(generation=F("generation") + 1)  # the other host
+            read()
+            assert PROCESS.rewinds == rewinds + 1, f"{name} did not read the generation"
+            assert (-1, -1) not in rows._catalogue, name

@@ -136,3 +136,56 @@ def test_i23_3_a_new_installation_generation_drops_everything_without_flushing()
     assert flushed == []  # stamps of the abandoned history are dropped, never written
     assert state.rewinds == 1
     assert state.generation == 2
+
+
+@pytest.fixture
+def unstarted():
+    """Leaves PROCESS as a process that was never started as a worker."""
+    yield
+    PROCESS.cooperative, PROCESS.started_pid = False, None
+    PROCESS._owned.pop("late module", None)
+    from assignments import fastpath
+
+    fastpath._GROUP_READS.configure(cooperative=False)
+
+
+def test_i23_1_a_worker_start_forgets_what_the_process_inherited_and_decides_per_worker(
+    owned: dict[str, Owned], unstarted: None
+):
+    """gunicorn's post_worker_init and Celery's worker_process_init call PROCESS.start: what the
+    master (or an import) left in the caches is gone, and the shared group reads coalesce only
+    on a cooperative (gevent) worker, as chosen there (issue 23.6: not sniffed per request)."""
+    import os
+
+    from assignments import fastpath, snapshot_cache
+
+    snapshot_cache._seats["inherited"] = (1, 1)
+    PROCESS.start(cooperative=True)
+    assert "inherited" not in snapshot_cache._seats
+    assert PROCESS.started_pid == os.getpid()
+    assert fastpath._GROUP_READS.cooperative is True
+    PROCESS.start(cooperative=False)
+    assert fastpath._GROUP_READS.cooperative is False
+    chosen = []
+    PROCESS.own("late module", {}, "key: k; bound: b; invalidated: i; N hosts: n.",
+                start=lambda process: chosen.append(process.cooperative))
+    assert chosen == [False]  # imported after the start: decided at once
+
+
+def test_i23_1_no_owned_entry_has_a_reset_that_does_nothing(owned: dict[str, Owned]):
+    """The three entries whose reset was `lambda: None` (shared group reads, key lookups in
+    flight, shard figure refreshes) forget what they hold."""
+    from assignments import fastpath
+    from groups import services, shardstats
+
+    fastpath._GROUP_READS._next["g"] = object()  # type: ignore[assignment]
+    services._flights["k"] = object()  # type: ignore[assignment]
+    shardstats._refreshing.add(("g", "p", ()))
+    PROCESS.reset()
+    assert not fastpath._GROUP_READS._next
+    assert not services._flights
+    assert not shardstats._refreshing
+    noop = [name for name, entry in owned.items()
+            if getattr(entry.reset, "__code__", None) is not None and entry.reset.__code__.co_code
+            == (lambda: None).__code__.co_code and not entry.reset.__code__.co_names]
+    assert noop == []
