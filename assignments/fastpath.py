@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -155,7 +155,8 @@ SELECT g.{_c(Group, "id")}, g.{_c(Group, "state_version")}, g.{_c(Group, "create
 # compared with IS NOT DISTINCT FROM, see _SAME): with the empty tables' statistics the
 # planner otherwise walked the status index once per stamp, comparing every STABLE member
 # with it. The worst plan left is one scan of the table per batch.
-# A stamp never moves last-seen back (a locked write may have stamped later) and never
+# A stamp never moves last-seen back (a locked write may have stamped later; an equal time is
+# written again, so a stamp at the time of a join still carries its report) and never
 # touches a member that stopped being STABLE at that epoch (a sweep or fence won).
 # The rows are locked first, in id order (`locked`): two workers' batches over the same members
 # then never wait for each other in a cycle. The UPDATE alone locks them in whatever order its
@@ -177,7 +178,7 @@ UPDATE {_M} AS m
    AND m.{_c(MemberRow, "id")} = locked.id
    AND m.{_c(MemberRow, "status")} {_SAME} %(stable)s
    AND m.{_c(MemberRow, "member_epoch")} = v.epoch
-   AND (m.{_c(MemberRow, "last_heartbeat_at")} IS NULL OR m.{_c(MemberRow, "last_heartbeat_at")} < v.ts)
+   AND (m.{_c(MemberRow, "last_heartbeat_at")} IS NULL OR m.{_c(MemberRow, "last_heartbeat_at")} <= v.ts)
 """
 
 # One member's stamp written at once, with the same checks (a steady heartbeat whose report
@@ -382,6 +383,8 @@ def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> Steady
 
 # A snapshot's memo of steady answers holds at most this many (one per member and request).
 _MEMO_MAX = 20_000
+# Written stamps remembered per process (STAMPS.recent), then forgotten all at once.
+_WRITTEN_MAX = 200_000
 
 
 @dataclass(frozen=True)
@@ -396,60 +399,83 @@ class _Steady:
 
 def _from_snapshot(group_pk: int, snap: snapshot_cache.Snapshot, req: HeartbeatRequest,
                    now: datetime) -> SteadyAnswer | None:
-    # Nothing here may yield to another greenlet (gevent workers): while this request holds
-    # the snapshot checked out, the worker's other heartbeats find none and take the slower
-    # statement path. So the stamp is queued only after the snapshot is back.
+    steady, fresh, seen, session_ms = _decide(group_pk, snap, req, now)
+    if steady is None:
+        return None
+    if fresh and steady.report is not None:
+        # The first answer to this report on this committed state: the report may be new (it
+        # changes once per grant change, and every locked write empties the memo). It is
+        # written before the answer goes out, so a locked heartbeat on any host at the
+        # previous epoch with ownedShards omitted (R3) reads it; only last-seen waits for the
+        # batch (issue 23.4).
+        return steady.answer if _stamp_now(steady, now) else None
+    if not STAMPS.recent(steady.member_pk, seen, now, session_ms):
+        # Neither the snapshot nor this process's written stamps show the member heard within
+        # half a session: its last-seen in the database may be a session old (the first
+        # heartbeat after a coordinator restart, or after a silence), and a sweep running
+        # while a batched stamp is on its way would expire a member just answered OK, whose
+        # own session then still runs (R9: two owners). So the stamp is written first; if
+        # the row is no longer STABLE at that epoch (a sweep or fence won), the locked path
+        # answers.
+        return steady.answer if _stamp_now(steady, now) else None
+    STAMPS.add(steady.member_pk, now, steady.report, steady.member_epoch)
+    return steady.answer
+
+
+def _decide(group_pk: int, snap: snapshot_cache.Snapshot, req: HeartbeatRequest,
+            now: datetime) -> tuple[_Steady | None, bool, datetime | None, int]:
+    """The steady answer from the checked-out snapshot (or None), whether it was computed here
+    rather than taken from the memo, the member's last-seen as the snapshot holds it, and the
+    group's session. Nothing here may yield to another greenlet (gevent workers): while this
+    request holds the snapshot checked out, the worker's other heartbeats find none and take
+    the slower statement path. So the stamp is written or queued only after the snapshot is
+    back."""
     state = snap.state
-    fresh = False  # computed here, not taken from the memo
-    steady: _Steady | None = None
+    member = state.members.get(req.member_id)
+    seen = None if member is None else member.last_heartbeat_at
+    session_ms = state.session_timeout_ms
     try:
         # The same request on the same committed state gets the same answer: the decision is
         # a function of the two, and nothing in a steady answer depends on `now` but R1b's due
         # time, checked here each time. The memo is emptied by any locked pass on the snapshot
         # (snapshot_cache.load_for_heartbeat); a heartbeat's own effect, the member's
-        # last-seen, is what the stamp below writes.
+        # last-seen, is what the stamp writes.
         key = (req.member_id, req.member_epoch, req.metadata_epoch, req.owned_shards)
         steady = snap.steady.get(key)
         if steady is not None:
             if state.rebalance_due_at is not None and now >= state.rebalance_due_at:
-                steady = None
-                return None  # R1b: a recompute is due: the locked path runs it
-            return steady.answer
+                return None, False, seen, session_ms  # R1b: a recompute is due: the locked path runs it
+            return steady, False, seen, session_ms
         # The core's answer if the heartbeat changes nothing but liveness, decided without
         # changing the shared snapshot (coordination.steady); else the locked path decides.
         response = steady_answer(state, req, now)
         if response is None:
-            return None
+            return None, False, seen, session_ms
         report = steady_report(req)
         steady = _Steady(SteadyAnswer(response, state.metadata_epoch), snap.loaded.member_pk[req.member_id],
                          req.member_epoch, None if report is None else json.dumps(report))
-        fresh = True
         if len(snap.steady) >= _MEMO_MAX:
             snap.steady.clear()
         snap.steady[key] = steady
-        return steady.answer
+        return steady, True, seen, session_ms
     finally:
         snapshot_cache.return_snapshot(group_pk, snap)
-        if steady is not None:
-            if fresh and steady.report is not None:
-                # The first answer to this report on this committed state: the report may be
-                # new (it changes once per grant change, and every locked write empties the
-                # memo). It is written before the answer goes out, so a locked heartbeat on
-                # any host at the previous epoch with ownedShards omitted (R3) reads it; only
-                # last-seen waits for the batch (issue 23.4).
-                _stamp_now(steady, now)
-            else:
-                STAMPS.add(steady.member_pk, now, steady.report, steady.member_epoch)
 
 
-def _stamp_now(steady: _Steady, now: datetime) -> None:
+def _stamp_now(steady: _Steady, now: datetime) -> bool:
+    """Write the member's stamp at once; False when the row is no longer STABLE at that epoch
+    (or holds a newer stamp): the caller lets the locked path answer."""
     rows = {steady.member_pk: (now, steady.report, steady.member_epoch)}
     params = {"rows": _stamp_rows(rows), "ids": "{" + str(steady.member_pk) + "}",
               "stable": MemberStatus.STABLE.value}
     try:
-        _liveness_query(_STAMP_NOW_SQL, params)
+        written = _liveness_query(_STAMP_NOW_SQL, params) is not None
     except DatabaseError:  # logged; the batch writes it instead
         STAMPS.add(steady.member_pk, now, steady.report, steady.member_epoch)
+        return True
+    if written:
+        STAMPS.written(steady.member_pk, now)
+    return written
 
 
 def _by_statement(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
@@ -489,6 +515,32 @@ class _Stamps:
         self._thread: threading.Thread | None = None
         self._running = False  # the thread is started and has not ended (it clears this itself)
         self._stop = threading.Event()
+        # Member row id -> the newest last-seen this process wrote for it (a lower bound of the
+        # column: a stamp never moves it back, nor does any other write). Read by `recent`.
+        self._written: dict[int, datetime] = {}
+
+    def written(self, member_pk: int, at: datetime) -> None:
+        """Note a stamp of this process that reached the database."""
+        if len(self._written) >= _WRITTEN_MAX:
+            self._written.clear()
+        prev = self._written.get(member_pk)
+        if prev is None or prev < at:
+            self._written[member_pk] = at
+
+    def recent(self, member_pk: int, seen: datetime | None, now: datetime, session_ms: int) -> bool:
+        """Whether the member's last-seen in the database is known to be within half a session
+        of `now` (`seen`: the snapshot's, also a lower bound): then a batched stamp, at most
+        STAMP_ALLOWANCE_S late, cannot let a sweep expire a member just answered OK."""
+        horizon = now - timedelta(milliseconds=session_ms / 2)
+        if seen is not None and seen >= horizon:
+            return True
+        at = self._written.get(member_pk)
+        return at is not None and at >= horizon
+
+    def reset(self) -> None:
+        """Tests: write what is pending, forget what was written."""
+        self.flush()
+        self._written.clear()
 
     def add(self, member_pk: int, now: datetime, report: str | None, epoch: int) -> None:
         """`report`: the member's ownedShards as the column stores them (JSON, in the core's
@@ -523,6 +575,7 @@ class _Stamps:
     def drop(self) -> None:
         """Forget what is pending (a database rewind: the rows they name may be others now)."""
         self._take()
+        self._written.clear()
 
     def _take(self) -> dict[int, tuple[datetime, str | None, int]]:
         with self._lock:
@@ -556,6 +609,10 @@ class _Stamps:
             # issue 27.4): the other members' stamps it took go with the next batch, not lost.
             self._merge_back(rows)
             raise
+        # A row the batch did not change is not STABLE at that epoch any more (a locked write,
+        # which raises state_version: no snapshot answer follows for it) or holds a newer stamp.
+        for pk, (ts, _, _) in rows.items():
+            self.written(pk, ts)
         oldest = min(ts for ts, _, _ in rows.values())
         STAMP_LAG.set(max(0.0, time.time() - oldest.timestamp()))
 
@@ -593,8 +650,11 @@ STAMPS: _Stamps = PROCESS.own(
     "Last-seen stamps of steady heartbeats not yet written. key: member row id -> (last-seen,"
     " report, epoch); bound: one per member heartbeating here, written every RSC_STAMP_PERIOD_S"
     " and before each locked pass; invalidated: written (compare-and-set: never back, only"
-    " STABLE at that epoch); N hosts: L1 allows one stamp period.",
-    reset=lambda: STAMPS.flush(), close=lambda: STAMPS.stop(), rewind=lambda: STAMPS.drop(),
+    " STABLE at that epoch); N hosts: L1 allows one stamp period. With them, the newest stamp"
+    " written per member (200,000, then emptied; a lower bound of the column, which nothing"
+    " moves back): a steady answer batches its stamp only while that or the snapshot shows the"
+    " member heard within half a session, else writes it first.",
+    reset=lambda: STAMPS.reset(), close=lambda: STAMPS.stop(), rewind=lambda: STAMPS.drop(),
 )
 
 

@@ -66,3 +66,30 @@ def test_i23_4_l1_allows_any_nodes_stamp_lag_whatever_this_sweepers_own_setting(
     assert services.sweep_liveness(now).count == 0
     Member.objects.filter(member_id="a").update(last_heartbeat_at=now - timedelta(seconds=30 + STAMP_ALLOWANCE_S + 0.1))
     assert services.sweep_liveness(now).expired == {"g1": ["a"]}
+
+
+def test_l1_a_member_answered_ok_from_a_snapshot_is_not_expired_by_a_sweep_while_its_stamp_waits(hb: Hb, monkeypatch):
+    """After a coordinator restart every member's last-seen in the database may be a session
+    old (the intake's up-since covers them for one session). A member whose first heartbeat
+    comes later than that is answered OK from the process's snapshot; with its stamp batched,
+    a sweep in the next moment expired it (seen in e2e/test_coordinator_outage.py: 21 ms
+    after its accepted heartbeat), while the member, just answered OK, keeps its shards for
+    a session (R9). Such a stamp is written before the answer."""
+    from assignments import fastpath, snapshot_cache
+    from coordinator_project.process_state import PROCESS
+
+    _, r = hb({"memberId": "a", "memberEpoch": 0})
+    _, r = hb({"memberId": "a", "memberEpoch": r["memberEpoch"], "metadataEpoch": 1,
+               "ownedShards": r["assignment"]["assignedShards"]})
+    epoch = r["memberEpoch"]
+    assert Member.objects.get(member_id="a").status == "STABLE"
+    fastpath.STAMPS.stop()
+    monkeypatch.setattr(fastpath, "STAMP_PERIOD", 30.0)  # no batch lands during the test
+    # The restart: the process forgets everything, and the database holds an old last-seen.
+    PROCESS.reset()
+    Member.objects.filter(member_id="a").update(last_heartbeat_at=timezone.now() - timedelta(seconds=40))
+    snapshot_cache.refresh_snapshot("g1")  # as another member's steady heartbeat does
+    s, r = hb({"memberId": "a", "memberEpoch": epoch, "metadataEpoch": 1})  # answered from the snapshot
+    assert (s, r["errorCode"]) == (200, "NONE")
+    assert services.sweep_liveness(timezone.now()).expired.get("g1", []) == []
+    assert Member.objects.get(member_id="a").status == "STABLE"
