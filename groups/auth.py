@@ -5,7 +5,7 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.request import Request
 
-from groups.ratelimit import auth_lookup_retry_after, note_auth_failure
+from groups.ratelimit import auth_lookup_retry_after, note_auth_success
 from groups.services import KeyScope, cached_api_key, recently_valid_key, resolve_api_key
 
 
@@ -38,8 +38,8 @@ class ApiKeyAuthentication(BaseAuthentication):
             if retry and not recently_valid_key(parts[1]):
                 raise AuthLookupsThrottled(retry)
             scope = resolve_api_key(parts[1])
-            if scope is None:
-                note_auth_failure(address)
+            if scope is not None and not retry:
+                note_auth_success(address)
         if scope is None:
             raise exceptions.AuthenticationFailed("unknown, revoked or expired API key")
         return (None, scope)

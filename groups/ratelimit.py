@@ -36,14 +36,11 @@ class TokenBuckets:
         self._buckets[key] = (tokens, now)
         return (1.0 - tokens) / rate
 
-    def wait(self, key: Hashable, rate: float, burst: int, now: float | None = None) -> float:
-        """Seconds until `key` has a token, taking none: 0.0 if it has one now."""
+    def give_back(self, key: Hashable, burst: int) -> None:
+        """Return a token taken for something that turned out not to count."""
         hit = self._buckets.get(key)
-        if rate <= 0 or hit is None:
-            return 0.0
-        now = time.monotonic() if now is None else now
-        tokens = min(float(max(burst, 1)), hit[0] + (now - hit[1]) * rate)
-        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / rate
+        if hit is not None:
+            self._buckets[key] = (min(float(max(burst, 1)), hit[0] + 1.0), hit[1])
 
     def clear(self) -> None:
         self._buckets.clear()
@@ -88,14 +85,14 @@ _auth_failures = PROCESS.own(
 
 
 def auth_lookup_retry_after(client_ip: str, now: float | None = None) -> int:
-    """Seconds before this address may have another key looked up in the database; 0: go.
-    Takes nothing: only a lookup that finds no key uses up the address's allowance."""
-    wait = _auth_failures.wait(client_ip, float(settings.AUTH_FAILURE_RATE_PER_IP),
+    """Seconds before this address may have another key looked up in the database; 0: go, and
+    a token is taken for the lookup at once (concurrent lookups of one address cannot all pass
+    on one token); note_auth_success gives it back when the key was found."""
+    wait = _auth_failures.take(client_ip, float(settings.AUTH_FAILURE_RATE_PER_IP),
                                int(settings.AUTH_FAILURE_BURST_PER_IP), now)
     return max(1, math.ceil(wait)) if wait else 0
 
 
-def note_auth_failure(client_ip: str, now: float | None = None) -> None:
-    """A key looked up in the database was unknown, revoked or expired."""
-    _auth_failures.take(client_ip, float(settings.AUTH_FAILURE_RATE_PER_IP),
-                        int(settings.AUTH_FAILURE_BURST_PER_IP), now)
+def note_auth_success(client_ip: str) -> None:
+    """The key looked up was valid: its lookup does not count against the address."""
+    _auth_failures.give_back(client_ip, int(settings.AUTH_FAILURE_BURST_PER_IP))
