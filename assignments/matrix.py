@@ -18,14 +18,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from assignments.selectors import read_group_state
+from assignments.models import SQLValue
+from assignments.rows import count_live_members, load_page, shard_rows
+from assignments.selectors import group_phase_of, read_group_state
 from coordination import engine
-from coordination.liveness import Liveness, liveness
+from coordination.liveness import Liveness, cutoffs, liveness
 from coordination.model import GroupState, Member, ShardSlot
 from dataplane.routing import shard_sort_key
 from groups.models import Group, StreamState
 from groups.namespace import observe_generation
-from groups.selectors import group_shard_stats
+from groups.selectors import group_shard_stats, live_shard_keys
 from groups.shardstats import GroupStats
 
 # Above this many members × shards the page shows summaries and the shard grid only.
@@ -181,6 +183,9 @@ class Matrix:
     full: bool = True  # cells were built (small group)
     version_summaries: tuple[VersionSummary, ...] = ()
     stats: GroupStats | None = field(default=None, compare=False)
+    # A big group (issue 26.3): `rows` is empty, members are read a page at a time (PagedRows),
+    # and these are the member counts of the totals.
+    paged_members: dict[str, int] | None = None
 
     @property
     def resharding(self) -> bool:
@@ -207,6 +212,13 @@ class Matrix:
 
     @property
     def totals(self) -> dict[str, int]:
+        if self.paged_members is not None:
+            return {
+                **self.paged_members,
+                "shards": len(self.columns),
+                "sealed": sum(c.sealed and not c.drained for c in self.columns),
+                "drained": sum(c.drained for c in self.columns),
+            }
         return {
             "members": len(self.rows),
             "shards": len(self.columns),
@@ -324,6 +336,143 @@ def _version_summaries(columns: list[ShardColumn]) -> tuple[VersionSummary, ...]
 
 def build_matrix(group: Group, now: datetime, *, with_stats: bool = True, full: bool | None = None) -> Matrix:
     observe_generation()  # after a restore, no cached catalogue or figure of the old history
+    if live_member_count(group) > PAGED_ABOVE_MEMBERS:
+        return build_big_matrix(group, now, with_stats=with_stats)
     state = read_group_state(group)
     stats = group_shard_stats(group) if with_stats else None
     return matrix_from_state(state, now, stats, full=full)
+
+
+# --- big groups (issue 26.3) -----------------------------------------------------------------
+# Above this many live members the admin reads the shards without the members, and the members
+# a page at a time: at 10,000 × 16,384 a whole snapshot plus a row per member took seconds.
+PAGED_ABOVE_MEMBERS = 2000
+
+
+def live_member_count(group: Group) -> int:
+    return count_live_members(group)
+
+
+def build_big_matrix(group: Group, now: datetime, *, with_stats: bool = True) -> Matrix:
+    """The matrix of a big group: every shard column from one statement (owners and targets by
+    name), no member rows (see `PagedRows`), counts from the columns and aggregates."""
+    stats = group_shard_stats(group) if with_stats else None
+    ok = stats is not None and stats.ok
+    rows = shard_rows(group)
+    drained = {row[0] for row in rows if row[7]}
+    ids = {row[0] for row in rows}
+    keys = live_shard_keys(group.stream_id, group.stream.metadata_epoch)
+    if not ids <= keys.keys():  # the stream changed since the group row was read
+        keys = {row[0]: shard_sort_key(row[0])[1:] for row in rows}
+    rows.sort(key=lambda row: keys[row[0]])
+    columns = []
+    for sid, parents, sealed, owner, revoking, grant_epoch, target, is_drained in rows:
+        version, index = keys[sid]
+        fig = stats.shard(sid) if stats is not None and ok else None
+        columns.append(ShardColumn(
+            shard_id=sid, version=version, index=index, sealed=sealed, drained=is_drained,
+            assignable=not is_drained and (not parents or all(p not in ids or p in drained for p in parents)),
+            parents=parents, owner=owner, revoking=revoking, target=target, grant_epoch=grant_epoch,
+            lag=fig.lag if fig else None, lag_exact=fig.lag_exact if fig else True,
+            pending_entries=fig.pending if fig else None, dlq=fig.dlq_length if fig else None,
+            last_delivered_id=fig.last_delivered_id if fig else None,
+        ))
+    versions: list[tuple[int, int, bool]] = []
+    for col in columns:
+        if versions and versions[-1][0] == col.version:
+            v, n, sealed_v = versions[-1]
+            versions[-1] = (v, n + 1, sealed_v)
+        else:
+            versions.append((col.version, 1, col.sealed))
+    live = live_member_count(group)
+    return Matrix(
+        group=group.name,
+        stream=group.stream.name,
+        phase=group_phase_of(group).value,
+        group_epoch=group.group_epoch,
+        assignment_epoch=group.assignment_epoch,
+        metadata_epoch=group.metadata_epoch,
+        exclusive=True,  # one owner column per (group, shard) row: UNIQUE in the database (R9)
+        columns=tuple(columns),
+        rows=(),
+        versions=tuple(versions),
+        full=False,
+        version_summaries=_version_summaries(columns),
+        stats=stats,
+        paged_members={
+            "members": live,
+            "granted": sum(c.owner is not None and not c.revoking and not c.drained for c in columns),
+            "pending": sum(c.target is not None and (c.owner != c.target or c.revoking) for c in columns),
+            "revoking": sum(c.revoking for c in columns),
+        },
+    )
+
+
+def _liveness_condition(group: Group, now: datetime, alive: str) -> tuple[str, list[SQLValue]]:
+    """The liveness filter as SQL on last_heartbeat_at (the classifier's cutoffs)."""
+    c = cutoffs(now, group.heartbeat_interval_ms, group.session_timeout_ms)
+    conditions: dict[Liveness, tuple[str, list[SQLValue]]] = {
+        Liveness.UNKNOWN: (" AND last_heartbeat_at IS NULL", []),
+        Liveness.EXPIRED: (" AND last_heartbeat_at < %s", [c.expired_before]),
+        Liveness.LATE: (" AND last_heartbeat_at < %s AND last_heartbeat_at >= %s", [c.late_before, c.expired_before]),
+        Liveness.ALIVE: (" AND last_heartbeat_at >= %s", [c.late_before]),
+    }
+    return conditions[Liveness(alive)]
+
+
+class PagedRows:
+    """A big group's member rows, filtered like the small group's list and read one page at a
+    time: Django's Paginator asks `count()`, then one slice."""
+
+    def __init__(self, group: Group, matrix: Matrix, now: datetime, query: str = "", alive: str = "") -> None:
+        self.group, self.matrix, self.now = group, matrix, now
+        where, params = "", list[SQLValue]()
+        if query:
+            where += " AND (member_id LIKE %s ESCAPE '\\' OR client_id LIKE %s ESCAPE '\\')"
+            like = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            params += [like, like]
+        if alive:
+            more, more_params = _liveness_condition(group, now, alive)
+            where += more
+            params += more_params
+        self.where, self.params = where, params
+        self._count: int | None = None
+
+    def count(self) -> int:
+        if self._count is None:
+            self._count = count_live_members(self.group, self.where, self.params)
+        return self._count
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def __getitem__(self, index: slice) -> list[MemberRow]:
+        start = index.start or 0
+        stop = index.stop if index.stop is not None else start + 100
+        state, ids, _ = load_page(self.group, start, stop - start, member_where=self.where,
+                                  where_params=self.params, shards=False)
+        by_shard = {c.shard_id: c for c in self.matrix.columns}
+        ok = self.matrix.stats is not None and self.matrix.stats.ok
+        classify = cutoffs(self.now, state.heartbeat_interval_ms, state.session_timeout_ms).classify
+        out = []
+        for mid in ids:
+            member = state.members[mid]
+            granted = state.granted_to(mid)
+            held = [by_shard[s] for s in state.held_by(mid) if s in by_shard]
+            last = member.last_heartbeat_at
+            out.append(MemberRow(
+                member_id=mid, client_id=member.client_id, status=member.status.value,
+                member_epoch=member.member_epoch,
+                seconds_since_heartbeat=None if last is None else max(0.0, (self.now - last).total_seconds()),
+                liveness=classify(last), revocation_deadline=member.revocation_deadline, cells=(),
+                granted=len(granted), pending=len(state.target_of(mid) - granted),
+                revoking=len(state.revoking_from(mid)),
+                ranges=compact_ranges((c.version, c.index) for c in held) if held else "",
+                lag=_sum(c.lag for c in held) if ok else None,
+                pending_entries=_sum(c.pending_entries for c in held) if ok else None,
+            ))
+        return out
+
+    def late(self) -> int:
+        """Live members the classifier does not call alive (the overview's "late")."""
+        return self.count() - PagedRows(self.group, self.matrix, self.now, alive=Liveness.ALIVE.value).count()

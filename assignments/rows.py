@@ -231,22 +231,26 @@ def load_state(
     return _load(group, member_sql, [group.pk, *LIVE, *also], SLOT_SQL, [group.pk], also)
 
 
-def load_page(group: Group, offset: int, limit: int) -> tuple[GroupState, list[str], list[str]]:
+def load_page(
+    group: Group, offset: int, limit: int, *, member_where: str = "", where_params: Sequence[SQLValue] = (),
+    shards: bool = True,
+) -> tuple[GroupState, list[str], list[str]]:
     """A partial snapshot for one page of describe (issue 26.3): the live members of the page
     (in id order) with every slot they hold or target, and the slots of the page (natural
     order: version, then index; retired versions left out) with their live owners. Returns it
     with the page's member ids and shard ids, in order (those the snapshot holds). A fixed
     number of statements, each bounded by the page size: describe does not read 10,000
-    members to show 1,000."""
+    members to show 1,000. `member_where` (" AND …" on the member table, with `where_params`)
+    filters the members; `shards=False` reads no page of shards (the admin's member list)."""
     page_members = (
         f"SELECT id FROM {MemberRow._meta.db_table} WHERE group_id = %s AND status IN {in_list(LIVE)}"
-        " ORDER BY member_id LIMIT %s OFFSET %s")
-    members_params: list[SQLValue] = [group.pk, *LIVE, limit, offset]
+        f"{member_where} ORDER BY member_id LIMIT %s OFFSET %s")
+    members_params: list[SQLValue] = [group.pk, *LIVE, *where_params, limit, offset]
     page_slots = (
         f"SELECT a.id FROM {ShardAssignment._meta.db_table} a JOIN {Shard._meta.db_table} s ON s.id = a.shard_id"
         f" JOIN {ShardVersion._meta.db_table} v ON v.id = s.version_id WHERE a.group_id = %s AND v.state <> %s"
         " ORDER BY v.version, s.\"index\" LIMIT %s OFFSET %s")  # quoted: INDEX is an SQLite keyword
-    slots_params: list[SQLValue] = [group.pk, VersionState.RETIRED, limit, offset]
+    slots_params: list[SQLValue] = [group.pk, VersionState.RETIRED, limit if shards else 0, offset]
     with connection.cursor() as cursor:
         cursor.execute(page_members.replace("SELECT id", "SELECT member_id", 1), members_params)
         member_ids = [mid for (mid,) in cursor.fetchall()]
@@ -266,6 +270,36 @@ def load_page(group: Group, offset: int, limit: int) -> tuple[GroupState, list[s
     # Rows may change between statements (no lock): show what the snapshot holds.
     return (state, [mid for mid in member_ids if mid in state.members],
             [by_pk[pk] for pk in slot_pks if pk in by_pk])
+
+
+def count_live_members(group: Group, where: str = "", params: Sequence[SQLValue] = ()) -> int:
+    """Live members of the group (`where`: " AND …" on the member table, with `params`)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT count(*) FROM {MemberRow._meta.db_table} WHERE group_id = %s AND status IN {in_list(LIVE)}"
+            f"{where}", [group.pk, *LIVE, *params])
+        return int(cursor.fetchone()[0])
+
+
+def shard_rows(group: Group) -> list[tuple[str, tuple[str, ...], bool, str | None, bool, int, str | None, bool]]:
+    """Every live slot of the group as (shard id, parents, sealed, owner, revoking, grant epoch,
+    target, drained), owner and target by memberId: one statement, no member rows (the admin's
+    shard grid at 16,384 shards without loading 10,000 members; issue 26.3)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT a.shard_id, o.member_id, a.revoking, a.grant_epoch, t.member_id, a.drained_at IS NOT NULL"
+            f" FROM {ShardAssignment._meta.db_table} a"
+            f" LEFT JOIN {MemberRow._meta.db_table} o ON o.id = a.owner_id"
+            f" LEFT JOIN {MemberRow._meta.db_table} t ON t.id = a.target_id WHERE a.group_id = %s", [group.pk])
+        rows = cursor.fetchall()
+    catalogue = shard_catalogue(group.stream_id, group.stream.metadata_epoch, {row[0] for row in rows})
+    out = []
+    for shard_pk, owner, revoking, grant_epoch, target, drained in rows:
+        info = catalogue.get(shard_pk)
+        if info is not None:  # a retired version's leftover row
+            out.append((info.shard_id, info.parents, info.sealed, owner, bool(revoking), grant_epoch, target,
+                        bool(drained)))
+    return out
 
 
 def _load(

@@ -66,6 +66,12 @@ def read_group_page(group: Group, page: int, page_size: int) -> GroupPage:
     )
 
 
+def group_phase_of(group: Group) -> GroupPhase:
+    """`engine.group_phase` of the committed rows, from two queries (no snapshot)."""
+    members = MemberRow.objects.filter(group_id=group.pk, status__in=[s.value for s in LIVE_STATUSES])
+    return _phase(group, members, members.count())
+
+
 def _phase(group: Group, live: Any, n_live: int) -> GroupPhase:
     """`engine.group_phase` from one query instead of every member: STABLE when every active
     member is STABLE at the assignment epoch."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 from django import forms
@@ -25,7 +25,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from assignments.matrix import Matrix, ShardColumn, build_matrix
+from assignments.matrix import Matrix, MemberRow, PagedRows, ShardColumn, build_matrix
 from assignments.selectors import drain_progress
 from coordination.liveness import NEEDS_ATTENTION, Liveness
 from groups import selectors, shardstats
@@ -359,7 +359,9 @@ class GroupAdmin(admin.ModelAdmin):
             "shard_filter": shard_filter,
             "filtered_shards": len(shards),
             "shard_page": shard_page,
-            "heat_grid": heat_grid(shards),
+            # Every filtered shard a tile up to HEAT_GRID_MAX; beyond, this page's (issue 26.3).
+            "heat_grid": heat_grid(shards if len(shards) <= HEAT_GRID_MAX else list(shard_page)),
+            "heat_grid_paged": len(shards) > HEAT_GRID_MAX,
             "refresh": int(refresh) if refresh.isdigit() and 0 < int(refresh) <= 300 else None,
         })
 
@@ -415,6 +417,7 @@ class ResetPositionForm(forms.Form):
 
 # --- the group page and the matrix: summaries, filters, paging ---------------------------------
 SHARDS_PER_PAGE = 100
+HEAT_GRID_MAX = 4096  # tiles in the matrix's shard grid; more filtered shards show a page's
 MEMBERS_PER_PAGE = 100
 SHARD_STATES = ("granted", "revoking", "unowned", "pending", "sealed", "drained", "waiting")
 
@@ -481,14 +484,19 @@ def heat_grid(columns: list[ShardColumn]) -> str:
 
 def group_page_context(group: Group, matrix: Matrix, now: Any, request: HttpRequest) -> dict[str, Any]:
     stats = matrix.stats
-    rows = list(matrix.rows)
     q = request.GET.get("mq", "").strip()
     alive = request.GET.get("liveness", "")
-    if q:
-        rows = [r for r in rows if q in r.member_id or q in r.client_id]
-    if alive in {v.value for v in Liveness}:
-        rows = [r for r in rows if r.liveness == alive]
-    late = sum(r.liveness in NEEDS_ATTENTION for r in matrix.rows)
+    rows: list[MemberRow] | PagedRows
+    if matrix.paged_members is not None:  # a big group: members read a page at a time (26.3)
+        rows = PagedRows(group, matrix, now, q, alive if alive in {v.value for v in Liveness} else "")
+        late = PagedRows(group, matrix, now).late()
+    else:
+        rows = list(matrix.rows)
+        if q:
+            rows = [r for r in rows if q in r.member_id or q in r.client_id]
+        if alive in {v.value for v in Liveness}:
+            rows = [r for r in rows if r.liveness == alive]
+        late = sum(r.liveness in NEEDS_ATTENTION for r in matrix.rows)
     dlq_shards = sorted((c for c in matrix.columns if c.dlq), key=lambda c: -(c.dlq or 0))[:20]
     dlq_entries: list[shardstats.DlqEntry] = []
     dlq_error: str | None = None
@@ -500,7 +508,7 @@ def group_page_context(group: Group, matrix: Matrix, now: Any, request: HttpRequ
         "totals": matrix.totals,
         "stats": stats,
         "late_members": late,
-        "member_page": Paginator(rows, MEMBERS_PER_PAGE).get_page(request.GET.get("mpage")),
+        "member_page": Paginator(cast("list[MemberRow]", rows), MEMBERS_PER_PAGE).get_page(request.GET.get("mpage")),
         "member_query": q,
         "member_liveness": alive,
         "liveness_choices": [v.value for v in Liveness],

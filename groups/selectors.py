@@ -7,6 +7,7 @@ from django.db.models import Count, Q, QuerySet
 
 from coordination.model import LIVE_STATUSES
 from coordinator_project.process_state import PROCESS, ProcessCache
+from dataplane.routing import shard_sort_key
 from groups import shardstats
 from groups.models import Event, Group, Shard, ShardVersion, Stream, SweepRun, VersionState
 
@@ -88,6 +89,26 @@ def live_shard_ids(stream_id: int, metadata_epoch: int | None = None) -> tuple[s
                 _live_ids.clear()
             _live_ids[key] = hit
     return hit
+
+
+def live_shard_keys(stream_id: int, metadata_epoch: int) -> dict[str, tuple[int, int]]:
+    """Live shard id -> (version, index), in natural order, kept with the ids (issue 26.3)."""
+    key = (stream_id, -2 - metadata_epoch)  # beside the ids' entry, same bound and invalidation
+    hit = _parsed.get(key)
+    if hit is None:
+        hit = {sid: shard_sort_key(sid)[1:] for sid in live_shard_ids(stream_id, metadata_epoch)}
+        if len(_parsed) >= 64:
+            _parsed.clear()
+        _parsed[key] = hit
+    return hit
+
+
+_parsed: ProcessCache[tuple[int, int], dict[str, tuple[int, int]]] = PROCESS.own(
+    "live shard keys", ProcessCache(),
+    "A stream's live shard ids parsed into (version, index). key: (stream id, stream"
+    " metadataEpoch); bound: 64 entries, then emptied; invalidated: a new stream metadataEpoch"
+    " (every change of versions raises it); N hosts: every host parses the same ids.",
+)
 
 
 def group_shard_stats(group: Group, *, fresh: bool = False) -> shardstats.GroupStats:

@@ -141,3 +141,48 @@ def _run(*argv: str) -> str:
     out = StringIO()
     call_command(*argv, stdout=out)
     return out.getvalue()
+
+
+def test_i26_3_admin_group_page_and_matrix_at_10000_members_read_a_page_of_members(big: Group):
+    """Above PAGED_ABOVE_MEMBERS the group page and the matrix read the shards in one statement
+    and the members a page at a time (filters in SQL): a bounded number of queries and of bytes,
+    the counts still the group's."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    admin = Client()
+    admin.force_login(User.objects.create_superuser("root", password="pw-for-tests-only"))
+    pages = {
+        "group": f"/admin/groups/group/{big.pk}/change/",
+        "group, filtered": f"/admin/groups/group/{big.pk}/change/?mq=m-00",
+        "group, none expired": f"/admin/groups/group/{big.pk}/change/?liveness=expired",
+        "matrix": f"/admin/groups/group/{big.pk}/matrix/",
+        "matrix, one member": f"/admin/groups/group/{big.pk}/matrix/?member=m-0007",
+    }
+    html = {}
+    for label, url in pages.items():
+        admin.get(url)  # per-process caches
+        with CaptureQueriesContext(connection) as queries:
+            response = admin.get(url)
+        assert response.status_code == 200, label
+        assert len(queries) <= 25, (label, [q["sql"][:100] for q in queries])
+        assert len(response.content) < 400_000, (label, len(response.content))
+        html[label] = response.content.decode()
+    group = html["group"]
+    assert f"Members ({MEMBERS})" in group
+    assert group.count('<tr id="summary-') == 100
+    assert "members page 1 of 100" in group
+    assert 'id="summary-m-0007"' in group
+    assert "v1: 7, 10007" in group  # its shards as ranges, from the page's slots
+    filtered = html["group, filtered"]
+    assert f"Members (100 of {MEMBERS})" in filtered  # m-0000 … m-0099, filtered in SQL
+    assert filtered.count('<tr id="summary-m-00') == 100
+    assert f"Members (0 of {MEMBERS})" in html["group, none expired"]  # the session is an hour
+    matrix = html["matrix"]
+    assert matrix.count('<tr id="shard-') == 100
+    assert "shards page 1 of 164" in matrix
+    assert matrix.count('<a class="t ') == 100  # 16,384 shards: the grid shows a page's tiles
+    assert 'id="shard-grid-paged"' in matrix
+    one = html["matrix, one member"]
+    assert one.count('<tr id="shard-') == 2
+    assert one.count('<a class="t ') == 2
