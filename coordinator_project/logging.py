@@ -96,7 +96,7 @@ REFUSAL_LOGGERS = (
 MAX_REFUSAL_LINE = 300  # characters of a refusal's message kept (a Host header can be 8 KB)
 
 
-def _refusal_throttle() -> LogThrottle:
+def refusal_throttle() -> LogThrottle:
     # Made on first use: settings load this module before the process state is wanted.
     global _THROTTLE
     if _THROTTLE is None:
@@ -129,7 +129,7 @@ class RefusalThrottle(logging.Filter):
             record.exc_info = record.exc_text = record.stack_info = None
             if record.levelno > logging.WARNING:
                 record.levelno, record.levelname = logging.WARNING, "WARNING"
-        throttle = _refusal_throttle()
+        throttle = refusal_throttle()
         held = throttle.allow((record.name, status))
         if held is None:
             return False

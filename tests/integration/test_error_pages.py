@@ -33,8 +33,9 @@ pytestmark = [
 @pytest.fixture
 def logged_server(tmp_path: Path) -> Iterator[tuple[LiveServer, Path]]:
     log = tmp_path / "gunicorn.log"
+    # One join per key, then 429 RATE_LIMITED for the rest of the test (the refusal-lines test).
     with running_gunicorn(log_file=log, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus"),
-                          BODY_READ_TIMEOUT_SECONDS="2") as server:
+                          BODY_READ_TIMEOUT_SECONDS="2", JOIN_RATE_PER_KEY="0.0001", JOIN_BURST_PER_KEY="1") as server:
         yield server, log
 
 
@@ -160,6 +161,7 @@ def test_i27_10_a_thousand_refused_requests_of_each_kind_log_a_bounded_number_of
     server, log = logged_server
     fx = make_group("refusals", "refusals-g", shards=2)
     started = time.monotonic()
+    joined = 0
     with httpx.Client(base_url=server.url, timeout=10) as c:
         for i in range(REFUSALS):
             assert c.get(f"/nope-{i}").status_code == 404
@@ -168,12 +170,17 @@ def test_i27_10_a_thousand_refused_requests_of_each_kind_log_a_bounded_number_of
             assert c.post("/healthz").status_code == 403  # CSRF
             assert c.get(f"/api/v1/groups/{fx.group}", headers={"Authorization": "Bearer nope"}).status_code in (401, 429)
             assert c.get(f"/api/v1/groups/bad%20name-{i}", headers={"Authorization": f"Bearer {fx.key}"}).status_code == 400
+            join = c.post(fx.url(), json={"memberId": f"j{i}", "memberEpoch": 0},
+                          headers={"Authorization": f"Bearer {fx.key}"})
+            assert join.status_code in (200, 429), join.text
+            joined += join.status_code == 200
     elapsed = time.monotonic() - started
+    assert joined <= 2  # one join per worker's bucket, then RATE_LIMITED
     # Each line is written (unbuffered) before its answer is sent: nothing to wait for.
     lines = log.read_text(errors="replace").splitlines()
     assert not [line for line in lines if "Traceback" in line], "a refusal logged a traceback"
     # One line per kind per 10 s per worker (2 workers), and each throttled line names the count.
-    kinds = 6
+    kinds = 7
     bound = 2 * kinds * (int(elapsed // 10) + 2)
     assert len(lines) <= bound, f"{len(lines)} lines for {kinds * REFUSALS} refusals in {elapsed:.0f} s:\n" + \
         "\n".join(lines[:40])
