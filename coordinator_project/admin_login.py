@@ -57,17 +57,20 @@ class _HashThreads:
             self.pool = ThreadPool(maxsize=max(1, settings.ADMIN_HASH_THREADS))
         return self.pool
 
-    def reset(self) -> None:
+    def close(self) -> None:
         pool, self.pool = self.pool, None
         if pool is not None:
             pool.kill()
 
 
+_hash_threads = _HashThreads()
 _threads = PROCESS.own(
-    "password hashing threads", _HashThreads(),
+    "password hashing threads", _hash_threads,
     "Real OS threads that derive password hashes off the gevent loop (issue 27.2)."
-    " key: none (one pool); bound: ADMIN_HASH_THREADS threads, callers queue; invalidated: never"
-    " (reset kills the threads); N hosts: per process by design (CPU work, no shared state).",
+    " key: none (one pool); bound: ADMIN_HASH_THREADS threads, callers queue; invalidated: never:"
+    " they hold no data, so reset and rewind keep them (close, at worker exit, stops them);"
+    " N hosts: per process by design (CPU work, no shared state).",
+    reset=lambda: None, close=_hash_threads.close, rewind=lambda: None,
 )
 
 _login_lines = PROCESS.own(
