@@ -100,7 +100,25 @@ def environment_problem() -> str | None:
         load_env_file()
     except EnvFileError as exc:
         return str(exc)
-    return secret_key_problem() or database_url_problem(os.environ.get("DATABASE_URL", ""))
+    return (secret_key_problem() or database_url_problem(os.environ.get("DATABASE_URL", ""))
+            or metrics_dir_problem())
+
+
+def metrics_dir_problem() -> str | None:
+    """PROMETHEUS_MULTIPROC_DIR, when set, must be a directory: prometheus_client writes a file
+    there as soon as a metric is defined, in every process that loads the app (manage.py and
+    Celery too), and a missing one was a traceback on every command. Created here when missing,
+    as gunicorn's config does."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+    if not path:
+        return None
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        return (f"PROMETHEUS_MULTIPROC_DIR={path} is not a directory and cannot be made one"
+                f" ({exc.strerror or exc}): point it at a writable directory, or leave it unset"
+                " (gunicorn then makes one of its own)")
+    return None
 
 
 def exit_on_environment_problem(program: str) -> None:

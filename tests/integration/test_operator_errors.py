@@ -171,10 +171,31 @@ def test_i24_3_database_of_an_older_release_says_run_migrate(empty_database):
         pytest.skip("no members migration adds a column to roll back")
     older, newer = found
     env = {"DATABASE_URL": empty_database}
-    for argv in (["migrate", "--noinput"], ["migrate", "members", older, "--noinput"],
-                 ["create_stream", "up", "--shards", "2"], ["create_group", "upg", "--stream", "up"]):
+    # A member row, written while the column exists (as a member's join would have).
+    member = ("from coordination.model import MemberStatus; from groups.models import Group;"
+              " from members.models import Member;"
+              " Member.objects.create(group=Group.objects.get(name='upg'), member_id='m1', status=MemberStatus.STABLE)")
+    for argv in (["migrate", "--noinput"], ["create_stream", "up", "--shards", "2"],
+                 ["create_group", "upg", "--stream", "up"], ["shell", "-c", member],
+                 ["migrate", "members", older, "--noinput"]):
         done = run([PYTHON, "manage.py", *argv], env=env, timeout=300)
         assert done.returncode == 0, done.stderr
     p = run([PYTHON, "manage.py", "list_members", "upg"], env=env)
     one_line_error(p, "lacks migrations of this release", f"members.{newer}", "run manage.py migrate")
     assert p.returncode == 3
+
+
+def test_i24_3_a_metrics_directory_that_does_not_exist(tmp_path):
+    """PROMETHEUS_MULTIPROC_DIR from a shared env file, on a host (or after a reboot) where the
+    directory is not there yet: commands make it, as gunicorn does; one that cannot be made is one
+    line naming the setting."""
+    missing = tmp_path / "run" / "rsc-metrics"
+    p = run([PYTHON, "manage.py", "list_streams"], env={"PROMETHEUS_MULTIPROC_DIR": str(missing)})
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    assert missing.is_dir()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    p = run([PYTHON, "manage.py", "list_streams"], env={"PROMETHEUS_MULTIPROC_DIR": str(blocker / "metrics")})
+    one_line_error(p, "PROMETHEUS_MULTIPROC_DIR=", "cannot be made", "writable directory")
+    assert p.returncode == 2
