@@ -57,6 +57,7 @@ bench-heartbeat: install
 
 bench-dataplane: install
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} $(PY) bench/dataplane.py
+	$(PY) bench/dataplane_cpu.py
 
 bench-describe: install
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rsc_bench_describe} \
