@@ -193,3 +193,18 @@ def test_i27_6_a_stray_next_version_key_names_every_key_to_delete_and_the_reshar
     message = str(refused.value)
     assert ", ".join(many[:20]) + " and 5 more" in message
     assert f"redis-cli --scan --pattern '{prefix}:{{ns-many:2:*'" in message
+
+
+def test_i25_4_a_celery_worker_or_beat_start_publishes_the_identity(stream_redis: redis.Redis):
+    """Coordinator start (not a request path): the worker_ready and beat_init receivers write
+    every prefix's identity again, e.g. after the stream Redis was restored or moved."""
+    from celery import signals
+
+    import coordinator_project.celery  # noqa: F401 - connects the receivers
+
+    create_stream("ns-start", 1)
+    key = identity_key(default_key_prefix())
+    for signal in (signals.worker_ready, signals.beat_init):
+        stream_redis.delete(key)
+        signal.send(sender=None)
+        assert stream_redis.get(key) == installation_id(), signal.name
