@@ -9,9 +9,10 @@ answer it, both exact, both falling back to the locked path whenever a condition
 
 1. From this process's snapshot of the group (`assignments.snapshot_cache`), when one read of the
    group row shows that the snapshot is the committed state (same state_version, raised by
-   every locked write; same metadata epochs). The core itself answers on the snapshot, and
-   the answer is used only if the core changed nothing but the member's last-seen and last
-   report. Those are stamped in batches: one statement per process every `STAMP_PERIOD`
+   every locked write; same metadata epochs). `coordination.steady.steady_answer` decides on
+   the snapshot without changing it: the core's answer when the heartbeat changes nothing but
+   the member's last-seen and last report, else None. Those are stamped in batches: one
+   statement per process every `STAMP_PERIOD`
    (a background thread), so the database does one small read per heartbeat instead of a
    write. L1 allows for the batch period (`members.services.sweep_liveness`).
 2. Otherwise by one SQL statement that checks the same conditions and stamps last-seen at
