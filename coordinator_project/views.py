@@ -4,6 +4,7 @@ Readiness (HTTP 200 vs 503) depends on the database alone: a heartbeat needs not
 Not only a connection: the table locks a heartbeat takes must be granted within
 INTAKE_PROBE_LOCK_TIMEOUT_MS (issue 27.3: a `LOCK TABLE groups_group` failed every heartbeat
 while `SELECT 1` answered), so a stalled table answers 503 within that time.
+A database that lacks this release's migrations is not ready either (issue 24.3).
 Redis (Celery broker, seal markers) and sweep lag are reported as `degraded` information
 with status 200: a load balancer must not pull a working heartbeat API because Redis
 blinked or beat stalled (members would then go unheard, which is what L1 punishes).
@@ -49,6 +50,42 @@ def favicon(request: HttpRequest) -> FileResponse:
     return FileResponse(FAVICON.open("rb"), content_type="image/x-icon")
 
 
+class _MigrationsSeen:
+    """Whether this process saw every migration of its code applied (then for good: nothing
+    unapplies them behind a running release)."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def reset(self) -> None:
+        self.seen = False
+
+
+_MIGRATIONS = PROCESS.own(
+    "migrations applied", _MigrationsSeen(),
+    "Whether /readyz saw every migration of this release applied. key: none (one flag); bound: one"
+    " flag; invalidated: reset (tests, a database rewind); while migrations are missing each /readyz"
+    " asks again; N hosts: each process asks its own database connection",
+)
+
+
+def _check_migrations() -> str:
+    """A release started on a database migrated by an older one answers every heartbeat 500
+    until `manage.py migrate`: not ready (issue 24.3's not-migrated case, for the web tier)."""
+    if _MIGRATIONS.seen:
+        return "ok"
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    pending = [f"{m.app_label}.{m.name}" for m, backwards in
+               executor.migration_plan(executor.loader.graph.leaf_nodes()) if not backwards]
+    if not pending:
+        _MIGRATIONS.seen = True
+        return "ok"
+    more = f" and {len(pending) - 1} more" if len(pending) > 1 else ""
+    return f"error: migrations of this release not applied ({pending[0]}{more}): run manage.py migrate"
+
+
 def readyz(request: HttpRequest) -> JsonResponse:
     checks: dict[str, str] = {}
     try:
@@ -57,6 +94,11 @@ def readyz(request: HttpRequest) -> JsonResponse:
         checks["database"] = "ok"
     except Exception as exc:  # any failure means not ready
         checks["database"] = f"error: {exc.__class__.__name__}"
+    if checks["database"] == "ok":
+        try:
+            checks["database"] = _check_migrations()
+        except Exception as exc:  # the migrations table unreadable: not ready either
+            checks["database"] = f"error: cannot read the applied migrations ({exc.__class__.__name__})"
     if checks["database"] == "ok":
         try:
             probe_heartbeat_tables()

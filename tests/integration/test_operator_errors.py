@@ -10,6 +10,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 
+import httpx
 import psycopg
 import pytest
 from django.db import connection
@@ -17,7 +18,7 @@ from django.db import connection
 from groups.models import Group
 from groups.services import create_group, create_stream
 
-from .conftest import ROOT, live_database_url
+from .conftest import ROOT, live_database_url, running_gunicorn
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True)]
 
@@ -171,8 +172,10 @@ def _members_before_newest_column() -> tuple[str, str] | None:
     return None
 
 
-def test_i24_3_database_of_an_older_release_says_run_migrate(empty_database):
-    """An upgrade without `migrate`: the tables exist but lack this release's columns."""
+@pytest.fixture
+def older_release_database(empty_database) -> tuple[str, str]:
+    """A database migrated, with a group and a member, then members rolled back before its
+    newest column: what an upgrade without `migrate` leaves. (URL, the missing migration.)"""
     found = _members_before_newest_column()
     if found is None:
         pytest.skip("no members migration adds a column to roll back")
@@ -187,9 +190,30 @@ def test_i24_3_database_of_an_older_release_says_run_migrate(empty_database):
                  ["migrate", "members", older, "--noinput"]):
         done = run([PYTHON, "manage.py", *argv], env=env, timeout=300)
         assert done.returncode == 0, done.stderr
-    p = run([PYTHON, "manage.py", "list_members", "upg"], env=env)
+    return empty_database, newer
+
+
+def test_i24_3_database_of_an_older_release_says_run_migrate(older_release_database):
+    """An upgrade without `migrate`: the tables exist but lack this release's columns."""
+    url, newer = older_release_database
+    p = run([PYTHON, "manage.py", "list_members", "upg"], env={"DATABASE_URL": url})
     one_line_error(p, "lacks migrations of this release", f"members.{newer}", "run manage.py migrate")
     assert p.returncode == 3
+
+
+def test_i24_3_web_tier_on_an_older_release_database_is_not_ready(older_release_database):
+    """Every heartbeat would be a 500 there: /readyz answers 503 naming the fix, so a load
+    balancer keeps the node out, and 200 once `manage.py migrate` ran (no restart)."""
+    url, newer = older_release_database
+    with running_gunicorn(DATABASE_URL=url) as server:
+        r = httpx.get(f"{server.url}/readyz", timeout=10)
+        assert r.status_code == 503, r.text
+        assert f"members.{newer}" in r.json()["checks"]["database"]
+        assert "run manage.py migrate" in r.json()["checks"]["database"]
+        done = run([PYTHON, "manage.py", "migrate", "--noinput"], env={"DATABASE_URL": url}, timeout=300)
+        assert done.returncode == 0, done.stderr
+        r = httpx.get(f"{server.url}/readyz", timeout=10)
+        assert r.status_code == 200, r.text
 
 
 def test_i24_3_a_metrics_directory_that_does_not_exist(tmp_path):
