@@ -6,7 +6,13 @@ from rest_framework.authentication import BaseAuthentication
 from rest_framework.request import Request
 
 from groups.ratelimit import auth_lookup_retry_after, note_auth_success
-from groups.services import KeyScope, cached_api_key, recently_valid_key, resolve_api_key
+from groups.services import (
+    KeyScope,
+    cached_api_key,
+    key_lookup_in_flight,
+    recently_valid_key,
+    resolve_api_key,
+)
 
 
 class AuthLookupsThrottled(exceptions.Throttled):
@@ -30,15 +36,18 @@ class ApiKeyAuthentication(BaseAuthentication):
         known, scope = cached_api_key(parts[1])
         if not known:
             # A database lookup. Beyond AUTH_FAILURE_BURST_PER_IP failed ones from this address
-            # (refilled at AUTH_FAILURE_RATE_PER_IP a second), no lookup at all: 429. Keys the
-            # cache knows, or knew (expired entries of valid keys), still pass, so members
-            # that share the address keep working.
+            # (refilled at AUTH_FAILURE_RATE_PER_IP a second), no lookup at all: 429. Only a
+            # lookup that may query costs a token: keys the cache knew (expired entries of
+            # valid keys) and keys another request is looking up now (it shares that answer)
+            # are free, so members that share an address keep working, also in the first
+            # burst after a start, when every member's request finds the cache empty.
             address = request.META.get("REMOTE_ADDR", "")
-            retry = auth_lookup_retry_after(address)
-            if retry and not recently_valid_key(parts[1]):
+            free = recently_valid_key(parts[1]) or key_lookup_in_flight(parts[1])
+            retry = 0 if free else auth_lookup_retry_after(address)
+            if retry:
                 raise AuthLookupsThrottled(retry)
             scope = resolve_api_key(parts[1])
-            if scope is not None and not retry:
+            if scope is not None and not free:
                 note_auth_success(address)
         if scope is None:
             raise exceptions.AuthenticationFailed("unknown, revoked or expired API key")

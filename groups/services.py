@@ -434,6 +434,15 @@ def cached_api_key(raw: str) -> tuple[bool, KeyScope | None]:
     return _cached_key(_hash(raw))
 
 
+def key_lookup_in_flight(raw: str) -> bool:
+    """Another request of this process is looking this key up now: resolve_api_key shares that
+    lookup's answer and sends no query of its own (a first burst of one key after a start)."""
+    if not raw or len(raw) > MAX_KEY_LENGTH:
+        return False
+    with _flights_guard:
+        return _hash(raw) in _flights
+
+
 def recently_valid_key(raw: str) -> bool:
     """This worker resolved this key to a scope before, and its cache entry has merely expired
     (an active member's key, once a second): not a guess, whatever its address did."""

@@ -96,3 +96,53 @@ def test_i27_10_a_flood_of_random_keys_is_refused_without_lookups_while_members_
         lookups = counts.get(401, 0)  # each 401 was a database lookup that found no key
         assert lookups <= WORKERS * (BURST + RATE * (elapsed + 5)), counts
         assert counts.get(429, 0) > lookups, counts  # most of the flood was refused without a lookup
+
+
+def test_i27_10_a_first_burst_of_one_valid_key_from_one_address_is_not_throttled(tmp_path):
+    """Members behind one address whose first requests all find a fresh worker's cache empty
+    (a start, a restart) share one lookup: only that lookup may cost the address a token. The
+    key table is locked while the burst arrives, so every request but each worker's first
+    queues behind that worker's lookup (before the fix, each took a token: 429 after 20)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection, transaction
+
+    fx = make_group("burst", "burst-g", shards=4)
+    requests = 3 * BURST * WORKERS
+    # The held lookups wait for the test's lock, not for a slow database: no request deadline.
+    with running_gunicorn(log_file=tmp_path / "gunicorn.log", REQUEST_DEADLINE_SECONDS="60",
+                          PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus")) as server:
+        sent = 0
+
+        def one(i: int) -> tuple[int, str]:
+            nonlocal sent
+            with httpx.Client(base_url=server.url, timeout=30) as c:
+                sent += 1
+                # An unknown member at a non-zero epoch: authenticated, then refused by the
+                # protocol (not a join, so the join rate limits stay out of it).
+                r = c.post(fx.url(), json={"memberId": f"ghost-{i}", "memberEpoch": 5},
+                           headers={"Authorization": f"Bearer {fx.key}"})
+                return r.status_code, r.text[:200]
+
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("LOCK TABLE groups_apikey IN ACCESS EXCLUSIVE MODE")
+            pool = ThreadPoolExecutor(requests)
+            futures = [pool.submit(one, i) for i in range(requests)]
+            deadline = time.monotonic() + 60
+            waiting = 0
+            while time.monotonic() < deadline and (sent < requests or waiting < 1):
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                               " AND query ILIKE %s", ["%groups_apikey%"])
+                waiting = cursor.fetchone()[0]
+                time.sleep(0.05)  # poll interval of a deadline loop
+            assert sent == requests, (sent, waiting)
+            assert waiting >= 1, (sent, waiting)
+            # Let the sent requests reach the workers while the lookups are held; one that
+            # arrives after the unlock finds the cache filled, which passes either way.
+            time.sleep(1.0)
+        answers = [f.result(timeout=60) for f in futures]
+        pool.shutdown()
+    throttled = [a for a in answers if a[0] == 429]
+    assert not throttled, (len(throttled), throttled[:3])
+    assert all(a[0] < 500 for a in answers), [a for a in answers if a[0] >= 500][:3]
+    assert all("UNKNOWN_MEMBER_ID" in a[1] for a in answers), answers[:3]
