@@ -125,7 +125,11 @@ def check(state: GroupState, req: HeartbeatRequest) -> bool:
         report = steady_report(req)
         assert member.last_reported_owned == (report if report is not None
                                               else state.members[req.member_id].last_reported_owned)
-    elif liveness_only and eligible(req) and core.member_epoch == req.member_epoch:
+    elif (liveness_only and eligible(req) and core.member_epoch == req.member_epoch
+          and not core.assignment.pending and not core.assignment.revoking):
+        # A steady answer is a settled member's: one with shards still pending or revoking
+        # (a PENDING member whose target waits, say) is the locked path's, even when the
+        # core then changes nothing.
         raise AssertionError(f"the core changed nothing but liveness, yet no steady answer: {req}")
     return answer is not None
 
