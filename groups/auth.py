@@ -46,7 +46,12 @@ class ApiKeyAuthentication(BaseAuthentication):
             retry = 0 if free else auth_lookup_retry_after(address)
             if retry:
                 raise AuthLookupsThrottled(retry)
-            scope = resolve_api_key(parts[1])
+            try:
+                scope = resolve_api_key(parts[1])
+            except Exception:
+                if not free:  # no answer from the database is no failed key: 503, not 429 later
+                    note_auth_success(address)
+                raise
             if scope is not None and not free:
                 note_auth_success(address)
         if scope is None:

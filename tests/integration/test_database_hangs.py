@@ -119,3 +119,16 @@ def test_i27_4_frozen_connection_answers_503_and_the_dropped_request_is_never_ap
     joined(server, fx, "after")
     time.sleep(1.0)  # a request that survived the freeze would commit within this: not a poll target
     assert not any(member_exists(f"late{i}") for i in range(4))
+
+
+def test_i27_10_a_database_that_refuses_costs_no_failed_lookup_tokens(proxied):
+    """A lookup the database did not answer is no unknown key: more requests than the failed-
+    lookup burst (AUTH_FAILURE_BURST_PER_IP, 20 per worker) all get 503, never 429 RATE_LIMITED,
+    and the member is answered as soon as the database is back."""
+    server, proxy, fx = proxied
+    proxy.set_mode(Mode.REFUSE)  # before any lookup: no worker knows the key
+    codes = [heartbeat(server, fx, f"r{i}")[0] for i in range(3 * 20 * 2)]
+    for r in codes:
+        assert_unavailable(r)
+    proxy.set_mode(Mode.PASS)
+    joined(server, fx, "after")
