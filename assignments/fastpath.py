@@ -71,7 +71,8 @@ STAMP_PERIOD = min(float(getattr(settings, "RSC_STAMP_PERIOD_S", 0.1)), STAMP_PE
 STAMP_LAG = Gauge(
     "rsc_stamp_lag_seconds",
     "How late the last batch of last-seen stamps of a process reached the database (the age of"
-    " its oldest stamp); the highest of the live processes. L1 allows STAMP_ALLOWANCE_S (0.5 s).",
+    " its oldest stamp); the highest of the live processes. The session-timeout sweep (L1)"
+    " allows STAMP_ALLOWANCE_S (0.5 s) of it.",
     multiprocess_mode="livemax",
 )
 

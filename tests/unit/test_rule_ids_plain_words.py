@@ -120,3 +120,22 @@ def test_i24_6_rendered_help_of_every_command_gives_rule_ids_as_suffixes():
 ])
 def test_i24_6_the_check_tells_a_suffix_from_a_bare_id(text: str, ok: bool):
     assert (bare_rule_ids(text) == []) is ok
+
+
+def test_i24_6_metric_help_texts_give_rule_ids_as_suffixes():
+    """The HELP line of every coordinator metric (what an operator reads on /metrics and in
+    Grafana) follows the same rule: plain words first, the rule id in parentheses."""
+    import importlib
+
+    from prometheus_client.metrics import MetricWrapperBase
+
+    helps = {}
+    for name in ("coordinator_project.metrics", "assignments.fastpath", "members.selectors",
+                 "groups.describe", "groups.dashboard", "webserver.worker"):
+        module = importlib.import_module(name)
+        for metric in vars(module).values():
+            if isinstance(metric, MetricWrapperBase):
+                helps.update({family.name: family.documentation for family in metric.describe()})
+    assert "rsc_stamp_lag_seconds" in helps  # the modules registered their metrics
+    bare = [f"{name}: {s}" for name, text in sorted(helps.items()) for s in bare_rule_ids(text)]
+    assert not bare, "metric help with bare rule ids:\n" + "\n".join(bare)
