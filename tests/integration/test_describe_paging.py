@@ -46,7 +46,8 @@ def mixed() -> Iterator[Group]:
     with connection.cursor() as cur:
         cur.execute("UPDATE assignments_shardassignment SET revoking = true WHERE group_id = %s AND id %% 7 = 0",
                     [group.pk])
-        cur.execute("UPDATE assignments_shardassignment SET owner_id = NULL WHERE group_id = %s AND id %% 11 = 0",
+        cur.execute("UPDATE assignments_shardassignment SET owner_id = NULL, revoking = false"
+                    " WHERE group_id = %s AND id %% 11 = 0",
                     [group.pk])
         cur.execute("""UPDATE assignments_shardassignment SET target_id = (SELECT min(id) FROM members_member
                        WHERE group_id = %s) WHERE group_id = %s AND id %% 5 = 0""", [group.pk, group.pk])
