@@ -67,10 +67,10 @@ _hash_threads = _HashThreads()
 _threads = PROCESS.own(
     "password hashing threads", _hash_threads,
     "Real OS threads that derive password hashes off the gevent loop (issue 27.2)."
-    " key: none (one pool); bound: ADMIN_HASH_THREADS threads, callers queue; invalidated: never:"
-    " they hold no data, so reset and rewind keep them (close, at worker exit, stops them);"
+    " key: none (one pool); bound: ADMIN_HASH_THREADS threads, callers queue; invalidated: never"
+    " (they hold no data; reset and close stop them, a login waiting on one then meets its deadline);"
     " N hosts: per process by design (CPU work, no shared state).",
-    reset=lambda: None, close=_hash_threads.close, rewind=lambda: None,
+    reset=_hash_threads.close, close=_hash_threads.close,
 )
 
 _login_lines = PROCESS.own(
