@@ -16,6 +16,12 @@ class _ReadOnce:
         self._reads = reads
         self._rows: dict[str, tuple | None] = {}
 
+    def __getattr__(self, name: str) -> object:
+        # Everything else (configure at worker start, cooperative, reset) is the real reads':
+        # without this, PROCESS.start's configure failed on the wrapper and the reference ran
+        # on a half-started worker (0.40x, slower than the safe path).
+        return getattr(self._reads, name)
+
     def read(self, group: str) -> tuple | None:
         if group not in self._rows:
             self._rows[group] = self._reads.read(group)
