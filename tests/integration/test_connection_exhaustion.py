@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import statistics
 import threading
@@ -41,6 +42,7 @@ MIN_HEARTBEATS = 201
 PROBE_DEADLINE_S = 120.0
 P99_LIMIT_MS = 100.0
 NOISE_FACTOR = 3.0
+LOADED_LIMIT_MS = 500.0  # the bound when the machine is over-committed (see the test)
 # Dropped clients come back after 2 s: an attack that holds connections (what 27.1 is
 # about), bounded in load; a flood of new connections is a firewall's or a proxy's matter.
 RECONNECT_PAUSE = 2.0
@@ -186,4 +188,9 @@ def test_i27_1_slow_body_and_idle_connections_beyond_the_slots_leave_heartbeats_
           f" ms; {len(latencies)} heartbeats during the attack: p50 {p50:.1f} ms, p99 {p99:.1f} ms; {stats}")
     assert len(latencies) >= MIN_HEARTBEATS, f"{len(latencies)} heartbeats in {PROBE_DEADLINE_S} s"
     limit = max(P99_LIMIT_MS, NOISE_FACTOR * statistics.quantiles(alone, n=100)[98] * 1000)
+    if os.getloadavg()[0] > (os.cpu_count() or 1):
+        # The suite's other workers share the cores: the attack's own 2,000 connections then
+        # cost the probe a few hundred ms at its tail (266 ms at p99 in one CI run, against 39 ms
+        # alone). Exhaustion, what this test is for, costs seconds to minutes.
+        limit = max(limit, LOADED_LIMIT_MS)
     assert p99 <= limit, f"heartbeat p99 {p99:.0f} ms over {len(latencies)} heartbeats (limit {limit:.0f} ms); {stats}"
