@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import overload
+from typing import Any, overload
 
 from django.conf import settings
 from django.db import connection
@@ -330,9 +330,15 @@ def _load(
         slot = slot_from_row(row, catalogue, pk_member, loaded)
         if slot is not None:
             shards[slot.shard_id] = slot
-    state = GroupState(
-        name=group.name,
-        stream=group.stream.name,
+    state = GroupState(name=group.name, stream=group.stream.name, members=members, shards=shards,
+                       **group_settings(group))
+    return state, loaded
+
+
+def group_settings(group: Group) -> dict[str, Any]:
+    """The group row's columns as the core's GroupState fields: the one mapping, for a state
+    built from rows and for a snapshot brought up to date with a newer row."""
+    return dict(
         group_epoch=group.group_epoch,
         assignment_epoch=group.assignment_epoch,
         metadata_epoch=group.metadata_epoch,
@@ -346,10 +352,7 @@ def _load(
         rebalance_deferred_at=group.rebalance_deferred_at,
         paused_at=group.paused_at,
         paused_by=group.paused_by,
-        members=members,
-        shards=shards,
     )
-    return state, loaded
 
 
 

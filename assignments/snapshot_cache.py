@@ -30,6 +30,7 @@ from assignments.rows import (
     MEMBER_SQL,
     SLOT_SQL,
     Loaded,
+    group_settings,
     heartbeating_members,
     in_list,
     load_state,
@@ -37,7 +38,6 @@ from assignments.rows import (
     member_from_row,
     members_with_reports,
     name_unloaded,
-    rebalance_window_ms,
     referenced_members,
     shard_catalogue,
     slot_from_row,
@@ -348,19 +348,8 @@ def load_for_heartbeat(
                 report = owned if isinstance(owned, list) else json.loads(owned or "[]")
                 _put_member(snap, row[:-1], {mid: report}, keep=True)
         state = snap.state
-        state.group_epoch = group.group_epoch
-        state.assignment_epoch = group.assignment_epoch
-        state.metadata_epoch = group.metadata_epoch
-        state.max_members = group.max_members
-        state.heartbeat_interval_ms = group.heartbeat_interval_ms
-        state.session_timeout_ms = group.session_timeout_ms
-        state.rebalance_timeout_ms = group.rebalance_timeout_ms
-        state.rebalance_window_ms = rebalance_window_ms()
-        state.rebalanced_at = group.rebalanced_at
-        state.rebalance_due_at = group.rebalance_due_at
-        state.rebalance_deferred_at = group.rebalance_deferred_at
-        state.paused_at = group.paused_at
-        state.paused_by = group.paused_by
+        for name, value in group_settings(group).items():
+            setattr(state, name, value)
         state.changes = Changes()
         snap.loaded.group = group
 
