@@ -20,7 +20,6 @@ import json
 import os
 import re
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -31,9 +30,10 @@ import httpx
 import pytest
 from django.contrib.auth import get_user_model
 
-from dataplane.transport import CoordinatorUnavailable, Transport
+from dataplane.transport import Transport
 
 from .conftest import ROOT, make_group, running_gunicorn
+from .probes import p50_p99_ms, probe_heartbeats
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_postgres]
 
@@ -52,29 +52,6 @@ def _loopback_aliases_work() -> bool:
     return True
 
 
-def _probe(transport: Transport, group: str, epoch: int, seconds: float, failures: list[object]) -> list[float]:
-    """Steady heartbeats for `seconds`: each one's latency in s."""
-    latencies = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        t0 = time.perf_counter()
-        try:
-            status, body = transport.heartbeat(group, {"memberId": "probe", "memberEpoch": epoch})
-            if status != 200:
-                failures.append(status)
-            else:
-                epoch = body["memberEpoch"]
-        except CoordinatorUnavailable as exc:
-            failures.append(repr(exc))
-        latencies.append(time.perf_counter() - t0)
-        time.sleep(0.02)  # a member's heartbeat interval, compressed
-    return latencies
-
-
-def _ms(latencies: list[float]) -> tuple[float, float]:
-    return statistics.median(latencies) * 1000, statistics.quantiles(latencies, n=100)[98] * 1000
-
-
 @pytest.mark.skipif(not _loopback_aliases_work(), reason="127.0.0.2 cannot be bound here")
 def test_i27_2_login_flood_leaves_heartbeats_fast(transactional_db: None, tmp_path: Path):
     fx = make_group(stream="loginflood", group="loginflood-g")
@@ -86,7 +63,7 @@ def test_i27_2_login_flood_leaves_heartbeats_fast(transactional_db: None, tmp_pa
                        headers={"Authorization": f"Bearer {fx.key}"}, timeout=10)
         epoch = r.json()["memberEpoch"]
         with Transport(server.url, fx.key) as transport:
-            alone = _probe(transport, fx.group, epoch, 5.0, [])
+            alone = probe_heartbeats(transport, fx.group, epoch, 5.0, [])
         flood = subprocess.Popen(
             [sys.executable, str(ROOT / "tests" / "integration" / "login_flood.py"), server.url,
              str(FLOOD_SECONDS + 1), ",".join(FLOOD_ADDRESSES), str(PER_ADDRESS), os.environ.get("FLOOD_MODE", "post")],
@@ -97,7 +74,7 @@ def test_i27_2_login_flood_leaves_heartbeats_fast(transactional_db: None, tmp_pa
             assert flood.stdout is not None
             assert flood.stdout.readline().strip() == "started"
             with Transport(server.url, fx.key) as transport:
-                latencies = _probe(transport, fx.group, epoch, FLOOD_SECONDS, failures)
+                latencies = probe_heartbeats(transport, fx.group, epoch, FLOOD_SECONDS, failures)
             out, _ = flood.communicate(timeout=120)
             stats: dict[str, int] = json.loads(out.strip().splitlines()[-1])
         finally:
@@ -105,8 +82,8 @@ def test_i27_2_login_flood_leaves_heartbeats_fast(transactional_db: None, tmp_pa
                 flood.kill()
                 flood.wait()
     answered = sum(v for k, v in stats.items() if k.isdigit())
-    a50, a99 = _ms(alone)
-    p50, p99 = _ms(latencies)
+    a50, a99 = p50_p99_ms(alone)
+    p50, p99 = p50_p99_ms(latencies)
     print(f"alone: p50 {a50:.1f} ms, p99 {a99:.1f} ms; {len(latencies)} heartbeats during"
           f" {FLOOD_SECONDS:g} s of {len(FLOOD_ADDRESSES) * PER_ADDRESS} login clients ({answered} logins"
           f" answered meanwhile, {stats}): p50 {p50:.1f} ms, p99 {p99:.1f} ms")

@@ -19,17 +19,16 @@ import asyncio
 import contextlib
 import os
 import socket
-import statistics
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from dataplane.transport import CoordinatorUnavailable, Transport
+from dataplane.transport import Transport
 
 from .conftest import make_group, running_gunicorn
+from .probes import p50_p99_ms, probe_heartbeats
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_postgres]
 
@@ -117,28 +116,6 @@ def _attack(port: int, stop_flag: threading.Event, started: threading.Event, sta
     asyncio.run(main())
 
 
-def _probe(transport: Transport, group: str, epoch: int, seconds: float, failures: list[object],
-           at_least: int = 0) -> list[float]:
-    """Steady heartbeats for `seconds` and until `at_least` were sent (PROBE_DEADLINE_S at
-    most): each one's latency in s."""
-    latencies: list[float] = []
-    started = time.monotonic()
-    end, deadline = started + seconds, started + PROBE_DEADLINE_S
-    while (time.monotonic() < end or len(latencies) < at_least) and time.monotonic() < deadline:
-        t0 = time.perf_counter()
-        try:
-            status, body = transport.heartbeat(group, {"memberId": "probe", "memberEpoch": epoch})
-            if status != 200:
-                failures.append(status)
-            else:
-                epoch = body["memberEpoch"]
-        except CoordinatorUnavailable as exc:
-            failures.append(repr(exc))
-        latencies.append(time.perf_counter() - t0)
-        time.sleep(0.02)  # a member's heartbeat interval, compressed
-    return latencies
-
-
 def _loopback_aliases_work() -> bool:
     with socket.socket() as s:
         try:
@@ -162,7 +139,7 @@ def test_i27_1_slow_body_and_idle_connections_beyond_the_slots_leave_heartbeats_
         r = httpx.post(url, json={"memberId": "probe", "memberEpoch": 0}, headers=headers, timeout=10)
         epoch = r.json()["memberEpoch"]
         with Transport(server.url, fx.key) as transport:  # for the report: this machine's noise
-            alone = _probe(transport, fx.group, epoch, 5.0, [])
+            alone = probe_heartbeats(transport, fx.group, epoch, 5.0, [])
         stats = {"slow_opened": 0, "idle_opened": 0}
         stop, started = threading.Event(), threading.Event()
         attacker = threading.Thread(target=_attack, args=(port, stop, started, stats), daemon=True)
@@ -173,21 +150,22 @@ def test_i27_1_slow_body_and_idle_connections_beyond_the_slots_leave_heartbeats_
             # The member library's transport (one kept-alive connection, retries a connection
             # the server closed), created after the attack began.
             with Transport(server.url, fx.key) as transport:
-                latencies = _probe(transport, fx.group, epoch, ATTACK_SECONDS, failures, MIN_HEARTBEATS)
+                latencies = probe_heartbeats(transport, fx.group, epoch, ATTACK_SECONDS, failures,
+                                             MIN_HEARTBEATS, PROBE_DEADLINE_S)
         finally:
             stop.set()
             attacker.join(30)
         with Transport(server.url, fx.key) as transport:  # the noise again, after the attack
-            alone += _probe(transport, fx.group, epoch, 5.0, [])
+            alone += probe_heartbeats(transport, fx.group, epoch, 5.0, [])
     held = (len(SLOW_ADDRESSES) + len(IDLE_ADDRESSES)) * PER_ADDRESS
     assert held > 2 * SLOTS_PER_WORKER  # more clients than slots
     assert stats["slow_opened"] + stats["idle_opened"] >= 2 * SLOTS_PER_WORKER, stats
     assert not failures, failures[:5]
-    p50, p99 = statistics.median(latencies) * 1000, statistics.quantiles(latencies, n=100)[98] * 1000
-    print(f"alone: p50 {statistics.median(alone) * 1000:.1f} ms, p99 {statistics.quantiles(alone, n=100)[98] * 1000:.1f}"
+    (p50, p99), (alone_p50, alone_p99) = p50_p99_ms(latencies), p50_p99_ms(alone)
+    print(f"alone: p50 {alone_p50:.1f} ms, p99 {alone_p99:.1f}"
           f" ms; {len(latencies)} heartbeats during the attack: p50 {p50:.1f} ms, p99 {p99:.1f} ms; {stats}")
     assert len(latencies) >= MIN_HEARTBEATS, f"{len(latencies)} heartbeats in {PROBE_DEADLINE_S} s"
-    limit = max(P99_LIMIT_MS, NOISE_FACTOR * statistics.quantiles(alone, n=100)[98] * 1000)
+    limit = max(P99_LIMIT_MS, NOISE_FACTOR * alone_p99)
     if os.getloadavg()[0] > (os.cpu_count() or 1):
         # The suite's other workers share the cores: the attack's own 2,000 connections then
         # cost the probe a few hundred ms at its tail (266 ms at p99 in one CI run, against 39 ms
