@@ -34,6 +34,8 @@ class Exchange:
     assignment_epoch: int | None
     status: str | None
     host: str
+    message: str | None = None  # errorMessage of a refusal
+    resent: bool = False  # an earlier send of this body got no answer (a host went down)
 
 
 @dataclass
@@ -96,17 +98,19 @@ class SimMember:
         self.to_report.clear()
 
     # --- requests ---------------------------------------------------------------------
-    def _post(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], float, float, str] | None:
+    def _post(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], float, float, str, bool] | None:
         """Send `body` to a random host, to the others if it does not answer; None if no host
         answered within 20 s. A lost answer is re-sent as it was: R3 accepts the previous
         epoch, a join or leave may repeat."""
         deadline = time.monotonic() + 20
+        resent = False
         while time.monotonic() < deadline:
             for url in self.hosts.order(self.rng):
                 sent = time.monotonic()
                 try:
                     r = self.client.post(f"{url}/api/v1/groups/{self.group}/heartbeat", json=body)
                 except httpx.TransportError:
+                    resent = True
                     with self.timeline.lock:
                         self.timeline.unanswered += 1
                     continue
@@ -114,7 +118,7 @@ class SimMember:
                     data = r.json()
                 except ValueError:
                     data = {"errorCode": f"non-JSON answer {r.text[:200]!r}"}
-                return r.status_code, data, sent, time.monotonic(), url
+                return r.status_code, data, sent, time.monotonic(), url, resent
             time.sleep(0.1)  # every host down at once: wait for one, with a deadline
         return None
 
@@ -122,13 +126,13 @@ class SimMember:
         answer = self._post(body)
         if answer is None:
             return None
-        status, data, sent, received, url = answer
+        status, data, sent, received, url, resent = answer
         code = str(data.get("errorCode"))
         ok = code == "NONE"
         self.timeline.record(Exchange(
             self.member_id, sent, received, status, code, body["memberEpoch"],
             data.get("memberEpoch") if ok else None, data.get("assignmentEpoch") if ok else None,
-            data.get("status") if ok else None, url))
+            data.get("status") if ok else None, url, None if ok else data.get("errorMessage"), resent))
         self.last_code = code
         return status, data, sent, received
 

@@ -417,7 +417,8 @@ def test_i23_8_three_hosts_keep_r9_and_epochs_and_converge_under_churn(hosts: li
               f"{timeline.unanswered} unanswered, {len(timeline.intervals)} ownership intervals, "
               f"events {dict(run.events)}, scripted {timeline.scripted}, samples {dict(samples)}")
         refused = Counter((e.member, e.code) for e in exchanges if e.code != "NONE")
-        assert refused == Counter({(m, code): 1 for m, code, _ in timeline.scripted}), refused
+        assert refused == Counter({(m, code): 1 for m, code, _ in timeline.scripted}), [
+            e for e in exchanges if e.code != "NONE"]
         # R9, from the members' side and the database's.
         overlaps = _overlaps(timeline.intervals)
         assert not overlaps, overlaps[:5]
