@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from django.db import connection
 from rest_framework.test import APIClient
@@ -135,8 +136,51 @@ def free_port() -> int:
 
 def live_database_url() -> str:
     """The URL of the database the tests run in (pytest-django's test_ database)."""
+    return server_url(connection.settings_dict["NAME"])
+
+
+def server_url(name: str) -> str:
+    """A URL of database `name` on the server the tests run on."""
     s = connection.settings_dict
-    return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{name}"
+
+
+@dataclass
+class FreshInstall:
+    """An empty database of its own and an env file naming it, as an operator starts with."""
+    db: str
+    url: str  # where BIND puts gunicorn
+    env_file: Path
+    env: dict[str, str]  # this process's environment without the settings the env file gives
+
+    def sql(self, query: str) -> Any:
+        with psycopg.connect(server_url(self.db).replace("postgres://", "postgresql://")) as c:
+            return c.execute(query).fetchone()
+
+
+@contextmanager
+def fresh_install(tmp_path: Path, prefix: str, *settings: str) -> Iterator[FreshInstall]:
+    """CREATE a database `prefix_<random>`, write SECRET_KEY, DATABASE_URL, REDIS_URL, BIND and
+    `settings` (NAME=value lines) to an env file RSC_ENV_FILE names; DROP the database after."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    admin = server_url("postgres").replace("postgres://", "postgresql://")
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    port = free_port()
+    env_file = tmp_path / "coordinator.env"
+    env_file.write_text("\n".join([
+        "SECRET_KEY=" + uuid.uuid4().hex * 2, f"DATABASE_URL={server_url(name)}",
+        f"REDIS_URL={os.environ.get('REDIS_URL', 'redis://127.0.0.1:6379/0')}", f"BIND=127.0.0.1:{port}",
+        *settings, "",
+    ]))
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"SECRET_KEY", "DATABASE_URL", "DEBUG", "DJANGO_SETTINGS_MODULE", "CELERY_NAMESPACE"}}
+    env["RSC_ENV_FILE"] = str(env_file)
+    try:
+        yield FreshInstall(name, f"http://127.0.0.1:{port}", env_file, env)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @dataclass

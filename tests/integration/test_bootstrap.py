@@ -9,16 +9,13 @@ import re
 import signal
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
-from django.db import connection
 
-from .conftest import ROOT, free_port
+from .conftest import ROOT, FreshInstall, fresh_install
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.slow, pytest.mark.django_db]
 
@@ -32,42 +29,16 @@ def bootstrap_blocks() -> list[str]:
     return [re.sub(r"^ {3}", "", b, flags=re.M) for b in blocks]
 
 
-def _server_url(name: str) -> str:
-    s = connection.settings_dict
-    return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{name}"
-
-
 @pytest.fixture
-def fresh_install(tmp_path: Path) -> Iterator[dict[str, str]]:
-    name = f"rsc_boot_{uuid.uuid4().hex[:8]}"
-    admin = _server_url("postgres").replace("postgres://", "postgresql://")
-    with psycopg.connect(admin, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    port = free_port()
-    env_file = tmp_path / "coordinator.env"
-    env_file.write_text("\n".join([
-        "SECRET_KEY=" + uuid.uuid4().hex * 2,
-        f"DATABASE_URL={_server_url(name)}",
-        f"REDIS_URL={os.environ.get('REDIS_URL', 'redis://127.0.0.1:6379/0')}",
-        f"BIND=127.0.0.1:{port}",
-        "SWEEP_INTERVAL_SECONDS=1",
-        "",
-    ]))
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"SECRET_KEY", "DATABASE_URL", "DEBUG", "DJANGO_SETTINGS_MODULE", "CELERY_NAMESPACE"}}
-    env["RSC_ENV_FILE"] = str(env_file)
-    try:
-        yield {"env_file": str(env_file), "url": f"http://127.0.0.1:{port}", "db": name, **env}
-    finally:
-        with psycopg.connect(admin, autocommit=True) as c:
-            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def fresh(tmp_path: Path) -> Iterator[FreshInstall]:
+    with fresh_install(tmp_path, "rsc_boot", "SWEEP_INTERVAL_SECONDS=1") as install:
+        yield install
 
 
-def test_i24_2_the_documented_bootstrap_runs_as_printed(fresh_install: dict[str, str]):
+def test_i24_2_the_documented_bootstrap_runs_as_printed(fresh: FreshInstall):
     blocks = bootstrap_blocks()
     assert len(blocks) == 5
-    env = {k: v for k, v in fresh_install.items() if k not in {"env_file", "url", "db"}}
-    env.pop("url", None)
+    env = fresh.env
     for step, block in enumerate(blocks[1:4], 2):
         done = subprocess.run(["bash", "-e", "-c", block], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=180)
@@ -75,10 +46,8 @@ def test_i24_2_the_documented_bootstrap_runs_as_printed(fresh_install: dict[str,
         assert "Traceback" not in done.stderr, done.stderr
         if step == 4:
             assert len(re.findall(r"rsc_\S{20,}", done.stdout)) == 3, done.stdout  # three keys printed
-    db = fresh_install["db"]
-    with psycopg.connect(_server_url(db).replace("postgres://", "postgresql://")) as c:
-        assert c.execute("SELECT is_superuser FROM auth_user WHERE username = 'admin'").fetchone() == (True,)
-        assert c.execute("SELECT count(*) FROM groups_group WHERE name = 'billing'").fetchone() == (1,)
+    assert fresh.sql("SELECT is_superuser FROM auth_user WHERE username = 'admin'") == (True,)
+    assert fresh.sql("SELECT count(*) FROM groups_group WHERE name = 'billing'") == (1,)
     processes = subprocess.Popen(["bash", "-c", blocks[4]], cwd=ROOT, env=env, start_new_session=True,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -87,12 +56,11 @@ def test_i24_2_the_documented_bootstrap_runs_as_printed(fresh_install: dict[str,
         while time.monotonic() < deadline and not (ready and swept):
             assert processes.poll() is None, processes.stderr.read() if processes.stderr else ""
             try:
-                ready = httpx.get(f"{fresh_install['url']}/readyz", timeout=2).status_code == 200
+                ready = httpx.get(f"{fresh.url}/readyz", timeout=2).status_code == 200
             except httpx.HTTPError:
                 ready = False
-            with psycopg.connect(_server_url(db).replace("postgres://", "postgresql://")) as c:
-                row = c.execute("SELECT count(*) FROM groups_sweeprun WHERE last_finished_at IS NOT NULL").fetchone()
-                swept = bool(row and row[0])
+            row = fresh.sql("SELECT count(*) FROM groups_sweeprun WHERE last_finished_at IS NOT NULL")
+            swept = bool(row and row[0])
             time.sleep(0.2)  # poll interval of a deadline loop
         assert ready, "gunicorn's /readyz never answered 200"
         assert swept, "beat and the worker never ran a sweep"

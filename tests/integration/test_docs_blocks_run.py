@@ -21,17 +21,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
-from django.db import connection
 
-from .conftest import ROOT, free_port
+from .conftest import ROOT, FreshInstall, fresh_install
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.slow]
 
@@ -47,11 +44,6 @@ def run_blocks(doc: str) -> list[tuple[str, str]]:
         if m.group(2) == THIS:
             found.append((m.group(3), re.sub(rf"^{m.group(1)}", "", m.group(4), flags=re.M)))
     return found
-
-
-def _server_url(name: str) -> str:
-    s = connection.settings_dict
-    return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{name}"
 
 
 @dataclass
@@ -128,19 +120,12 @@ class Stack:
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    name = f"rsc_docs_{uuid.uuid4().hex[:8]}"
-    admin = _server_url("postgres").replace("postgres://", "postgresql://")
-    with psycopg.connect(admin, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    port = free_port()
-    env_file = tmp_path / "coordinator.env"
-    env_file.write_text("\n".join([
-        "SECRET_KEY=" + uuid.uuid4().hex * 2, f"DATABASE_URL={_server_url(name)}", f"REDIS_URL={REDIS_URL}",
-        f"BIND=127.0.0.1:{port}", "",
-    ]))
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"SECRET_KEY", "DATABASE_URL", "DEBUG", "DJANGO_SETTINGS_MODULE", "CELERY_NAMESPACE"}}
-    env["RSC_ENV_FILE"] = str(env_file)
+    with fresh_install(tmp_path, "rsc_docs") as install:
+        yield from _stack(install)
+
+
+def _stack(install: FreshInstall) -> Iterator[Stack]:
+    env, url = install.env, install.url
     web = None
     try:
         done = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env,
@@ -149,7 +134,6 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         web = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py",
                                 "coordinator_project.wsgi"], cwd=ROOT, env=env, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         up = False
         while not up and time.monotonic() < deadline:
@@ -168,8 +152,6 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
             except subprocess.TimeoutExpired:
                 os.killpg(web.pid, signal.SIGKILL)
                 web.wait(5)
-        with psycopg.connect(admin, autocommit=True) as c:
-            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_i24_7_readme_blocks_run_as_printed(stack: Stack):
