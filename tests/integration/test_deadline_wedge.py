@@ -101,8 +101,8 @@ from coordinator_project.postgresql.base import FailFastPool
 pool = FailFastPool(sys.argv[1], min_size=1, max_size=1, timeout=5, open=True)
 pool.wait(5)
 held = pool.getconn()
-class Dropped(BaseException):  # as wsgi_guard.RequestDeadlineExceeded
-    pass
+class Dropped(BaseException):
+    '''As wsgi_guard.RequestDeadlineExceeded: not an Exception, so no except Exception takes it.'''
 def queued():
     try:
         with gevent.Timeout(0.1, Dropped):

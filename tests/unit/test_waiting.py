@@ -61,8 +61,8 @@ def test_i23_6_a_waiter_hands_its_connections_back_before_it_blocks(handed_back:
     assert handed_back.calls == ["try"]  # did not wait: kept them
     handed_back.calls.clear()
     with waiting.held(_BusyLock(handed_back)):
-        pass
-    assert handed_back.calls == ["try", "hand back", "block", "release"]
+        handed_back.calls.append("inside")
+    assert handed_back.calls == ["try", "hand back", "block", "inside", "release"]
 
 
 def test_i23_6_no_wait_costs_nothing_when_nobody_holds_the_lock_or_the_event_is_set(handed_back: _Recorder):
