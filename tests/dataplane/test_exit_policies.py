@@ -14,6 +14,7 @@ import pytest
 from dataplane import AuthenticationError, Consumer, GroupNotFoundError, Message
 from dataplane.routing import ShardKeys
 
+from ..consumer_thread import run_consumer
 from .conftest import ROOT, version_doc, wait_until
 
 
@@ -25,20 +26,9 @@ def metadata(prefix: str, session_ms: int) -> dict:
     }  # fmt: skip
 
 
-def run_in_thread(c: Consumer):
-    raised: list[BaseException] = []
-    ended: list[float] = []
-
-    def run() -> None:
-        try:
-            c.run()
-        except BaseException as exc:
-            raised.append(exc)
-        ended.append(time.monotonic())
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t, raised, ended
+def run_in_thread(c: Consumer) -> tuple[threading.Thread, list[BaseException], list[float]]:
+    running = run_consumer(c, daemon=False)
+    return running.thread, running.raised, running.ended
 
 
 def refuse_after_join(coordinator, answer: tuple[int, dict]) -> dict:

@@ -10,6 +10,7 @@ from typing import Any
 from dataplane import Consumer, Message
 from dataplane.routing import ShardKeys
 
+from ..consumer_thread import run_consumer
 from .conftest import FakeCoordinator, version_doc, wait_until
 
 SHARDS = ["orders:1:0", "orders:1:1"]
@@ -95,17 +96,8 @@ def start(coordinator, redis_url: str, events: Events, handler=None, **kw: Any):
         on_revoked=kw.pop("on_revoked", events.on_revoked),
         on_lost=kw.pop("on_lost", events.on_lost), **kw,
     )  # fmt: skip
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            c.run()
-        except BaseException as exc:
-            raised.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    return c, t, raised
+    running = run_consumer(c, daemon=False)
+    return c, running.thread, running.raised
 
 
 def stop(c: Consumer, t: threading.Thread) -> None:

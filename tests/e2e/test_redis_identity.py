@@ -24,6 +24,7 @@ from dataplane import Consumer, RedisMismatchError, __version__
 from groups.models import Event
 from groups.namespace import identity_key, installation_id
 
+from ..consumer_thread import run_consumer
 from .cli import run_cli
 from .conftest import World
 
@@ -104,16 +105,8 @@ def test_i25_4_consumer_on_another_installations_redis_raises_and_leaves(
     consumer = Consumer(world.server.url, world.group, world.group_key, lambda msg: None,
                         redis_url=wrong_url, member_id="m-other", block_ms=100,
                         on_assigned=lambda shards: assigned.extend(shards))
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            consumer.run()
-        except BaseException as exc:
-            raised.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    running = run_consumer(consumer)
+    thread, raised = running.thread, running.raised
     thread.join(30)
     assert not thread.is_alive(), "run() did not return"
     assert len(raised) == 1, raised

@@ -35,6 +35,7 @@ from groups.resharding import start_reshard
 from groups.services import ServiceError, create_api_key, create_group, create_stream
 from groups.sweeps import run_all_sweeps
 
+from ..consumer_thread import run_consumer
 from .conftest import ROOT, free_port, running_gunicorn
 
 ACL_FILE = ROOT / "docs" / "redis-acl.example.acl"
@@ -144,17 +145,8 @@ def running_member(server_url: str, group_key: str, redis_url: str, handler: Cal
                    member_id: str) -> tuple[Consumer, threading.Thread, list[BaseException]]:
     consumer = Consumer(server_url, "billing", group_key, handler, redis_url=redis_url, member_id=member_id,
                         block_ms=100, workers=2, max_deliveries=2, retry_backoff_ms=1)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            consumer.run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return consumer, thread, errors
+    running = run_consumer(consumer)
+    return consumer, running.thread, running.raised
 
 
 def test_i27_6_acl_roles_run_the_library_and_refuse_the_rest(
