@@ -16,7 +16,8 @@ Asserted over the whole timeline:
 - no member epoch goes backwards, and no answer carries an assignmentEpoch below one an
   earlier answer (received before it was sent, from any host) carried: every answer sees
   every write committed before its request was sent;
-- the stale heartbeats are refused with the protocol's errorCode, and nothing else is refused;
+- the stale heartbeats are refused with the protocol's errorCode, and nothing else is refused
+  but what L1/L2 owe a member that itself broke a timeout (a loaded machine; `_owed`);
 - no 5xx;
 - convergence to a complete, balanced assignment on the new shard version that every member
   itself holds.
@@ -50,7 +51,7 @@ pytestmark = [pytest.mark.needs_postgres, pytest.mark.slow,
 
 HOSTS = 3
 SHARDS, RESHARD_TO = 48, 64
-HEARTBEAT_MS, SESSION_MS, REBALANCE_MS = 300, 8_000, 2_500
+HEARTBEAT_MS, SESSION_MS, REBALANCE_MS = 300, 10_000, 4_000
 CHURN_S = 45.0
 RESHARD_AT, RESTART_AT = 15.0, 28.0
 STEADY, CHURNING, STATIC, SILENT = 26, 8, 6, 3  # + one frozen past its session, one mid-revocation
@@ -288,6 +289,30 @@ class Run:
 
 
 # --- checks over the timeline --------------------------------------------------------------
+def _owed(refused: Exchange, exchanges: list[Exchange]) -> bool:
+    """Whether a refusal of an unscripted member is one the protocol owes it: fenced by L2
+    after its REVOKED came later than the rebalance timeout, or expired by L1 after it was not
+    heard of for the session timeout. Decided from the member's own exchanges, so a refusal of
+    a member that kept its timeouts still fails the test. A revocation starts after the request
+    of the member's last answer that listed none was sent (the answer would have listed it);
+    last-seen is stamped after the request of its last accepted answer was sent."""
+    mine = [e for e in exchanges if e.member == refused.member and e.code == "NONE" and e.received <= refused.sent]
+    if not mine:
+        return False
+    message = refused.message or ""
+    if refused.code == "FENCED_MEMBER_EPOCH" and "rebalance timeout" in message:
+        i = len(mine)
+        while i > 0 and mine[i - 1].status == "REVOKE_PENDING":
+            i -= 1
+        if i == len(mine):
+            return False  # its last answer owed no revocation
+        started = mine[i - 1].sent if i else mine[0].sent
+        return refused.received - started > REBALANCE_MS / 1000
+    if refused.code == "UNKNOWN_MEMBER_ID" and "expired" in message:
+        return refused.received - mine[-1].sent > SESSION_MS / 1000
+    return False
+
+
 def _overlaps(intervals: list[tuple[str, str, float, float]]) -> list[tuple]:
     by_shard: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
     for shard, member, start, end in intervals:
@@ -416,9 +441,15 @@ def test_i23_8_three_hosts_keep_r9_and_epochs_and_converge_under_churn(hosts: li
         print(f"multi-host run: {len(exchanges)} heartbeats {dict(codes)}, HTTP {dict(http)}, "
               f"{timeline.unanswered} unanswered, {len(timeline.intervals)} ownership intervals, "
               f"events {dict(run.events)}, scripted {timeline.scripted}, samples {dict(samples)}")
-        refused = Counter((e.member, e.code) for e in exchanges if e.code != "NONE")
-        assert refused == Counter({(m, code): 1 for m, code, _ in timeline.scripted}), [
-            e for e in exchanges if e.code != "NONE"]
+        # Beyond the script, a refusal is allowed only where the member itself broke a timeout
+        # (a loaded machine can hold a thread or a request for seconds): see _owed.
+        scripted = Counter({(m, code): 1 for m, code, _ in timeline.scripted})
+        unscripted = [e for e in exchanges if e.code != "NONE"]
+        for m, code, _ in timeline.scripted:
+            unscripted.remove(next(e for e in unscripted if (e.member, e.code) == (m, code)))
+        assert all(_owed(e, exchanges) for e in unscripted), (scripted, unscripted)
+        if unscripted:
+            print(f"refusals owed to members that broke a timeout: {unscripted}")
         # R9, from the members' side and the database's.
         overlaps = _overlaps(timeline.intervals)
         assert not overlaps, overlaps[:5]
