@@ -8,9 +8,9 @@ check, ~250 ms of CPU) while a probe sends steady heartbeats. Lockout is out of 
 runs, not the throttling (tests/integration/test_admin_login_throttle.py).
 
 Before the fix the hashing ran on the worker's gevent loop: heartbeats waited behind it (p50 in
-seconds, 503s past the 5 s request deadline). The issue's bar is p99 <= 100 ms; on this shared,
-loaded machine the test asserts p99 <= max(250 ms, 3x the probe's own p99 measured alone just
-before) and prints both (before the fix: p99 ~16 s). The flood runs in a process of its own (tests/integration/login_flood.py) at nice 10.
+seconds, 503s past the 5 s request deadline). The test asserts the issue's bar, p99 <= 100 ms, or 3x
+the probe's own p99 measured alone just before if that is higher; 250 ms when the load average
+exceeds the cores (other tests). It prints both (before the fix: p99 ~16 s). The flood runs in a process of its own (tests/integration/login_flood.py) at nice 10.
 FLOOD_MODE=get turns it into a flood of login-form fetches (no password check): a comparison for
 the operator gate (coordinator_project.wsgi_guard.OperatorGate).
 """
@@ -96,13 +96,13 @@ def test_i27_2_login_flood_leaves_heartbeats_fast(transactional_db: None, tmp_pa
     # about 8 per second.
     assert stats.get("200", 0) >= 1, f"no password was checked during the flood: {stats}"
     assert not failures, failures[:5]
-    # The issue's bar is p99 <= 100 ms. This machine is shared: the probe alone (no flood) is
-    # measured first and the bar is 250 ms or 3x what it saw (before the fix: p50 ~15 s, p99 ~16 s,
-    # 2 heartbeats in 20 s, so any such bar tells the two apart).
-    # In the full suite (4 xdist workers beside other sessions' runs) a quiet probe alone
-    # (p99 33 ms) was followed by a flood p99 of 161 ms with p50 17 ms: load from other tests,
-    # not the flood. Hence a floor of 250 ms for p99, still 60x below the failure before the fix.
-    bar99, bar50 = max(250.0, 3 * a99), max(50.0, 3 * a50)
+    # The issue's bar: p99 <= 100 ms (quiet machine, 2026-12-05: 13.1 ms, alone 11.5 ms), or 3x
+    # the probe's own p99 alone if that is higher. In the full suite (4 xdist workers beside
+    # other runs) a probe alone at p99 33 ms was followed by a flood p99 of 161 ms with p50
+    # 17 ms: load from other tests, not the flood. So when the load average exceeds the cores
+    # the floor is 250 ms, still 60x below the failure before the fix (p50 ~15 s, p99 ~16 s).
+    loaded = os.getloadavg()[0] > (os.cpu_count() or 1)
+    bar99, bar50 = max(250.0 if loaded else 100.0, 3 * a99), max(50.0, 3 * a50)
     assert p99 <= bar99, f"heartbeat p99 {p99:.0f} ms > {bar99:.0f} ms over {len(latencies)} heartbeats (alone: {a99:.0f} ms)"
     assert p50 <= bar50, f"heartbeat p50 {p50:.0f} ms > {bar50:.0f} ms (alone: {a50:.0f} ms)"
 
