@@ -4,12 +4,16 @@ A real gunicorn with the shipped config and 2 × 40 slots (WORKER_CONNECTIONS=40
 clients than slots, all on loopback, from addresses other than the prober's (127.0.0.2-12;
 Linux routes all of 127/8 to loopback): clients that trickle a login body (Content-Length
 100000, a byte every 2 s), and polite keep-alive clients that send a request every 3.5 s and
-stay idle in between. Meanwhile a client that connected after them keeps its heartbeats'
-p99 <= 100 ms, and members arriving during the attack (a new connection each, every 0.5 s)
-are answered within 1 s. Against the stock gevent worker (WORKER_CLASS=gevent) the test fails
-on the arrivals: 5 in the attack, the slowest after 15.3 s, one given up after three 5 s read
-timeouts (their connections wait in the backlog behind held slots). The kept-alive probe alone
-does not tell the two apart (p99 10.2 ms on the stock worker: once accepted, it keeps its slot).
+stay idle in between. The probes start only once the kernel shows every slot held
+(/proc/net/tcp: 80 connections accepted by the workers), and the slots are still held at the
+end. Meanwhile a client that connected after them keeps its heartbeats' p99 <= 100 ms, and
+members arriving during the attack (a new connection each, every 0.5 s) are answered within
+1 s. Run with WORKER_CLASS=gevent (the stock worker), the same test fails on the arrivals:
+80 accepted and 250 waiting in the listen backlog when the probes start, 5 arrivals in the
+attack, the slowest after 15.3 s, one given up after three 5 s read timeouts. The kept-alive
+probe alone does not tell the two apart (p99 19 ms on the stock worker: once accepted, it
+keeps its slot). The suite checks the stock worker's starvation itself in the quicker
+test_i27_1_a_newcomer_while_slow_bodies_hold_every_slot[stock].
 
 On a loaded machine (the suite's other workers) the bound is this machine's own noise: the
 probe's p99 alone, before and after the attack, times NOISE_FACTOR, when that is above 100 ms;
@@ -24,6 +28,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -40,7 +45,7 @@ SLOTS_PER_WORKER = 40
 SLOW_ADDRESSES = [f"127.0.0.{i}" for i in range(2, 7)]  # 5 × 30 trickling clients
 IDLE_ADDRESSES = [f"127.0.0.{i}" for i in range(7, 13)]  # 6 × 30 keep-alive clients
 PER_ADDRESS = 30
-ATTACK_SECONDS = 20.0
+ATTACK_SECONDS = 14.0
 MIN_HEARTBEATS = 201
 PROBE_DEADLINE_S = 120.0
 P99_LIMIT_MS = 100.0
@@ -53,6 +58,31 @@ ARRIVAL_EVERY_S = 0.5  # a new member connecting during the attack
 MIN_ARRIVALS = 10
 ARRIVAL_LIMIT_MS = 1_000.0  # connect + join answered; starvation costs the 5 s read timeouts
 LOADED_ARRIVAL_LIMIT_MS = 2_500.0  # when the machine is over-committed: still under one timeout
+
+
+def _slots_held(port: int) -> tuple[int, int]:
+    """Connections to `port` that the server accepted (a worker holds them: a slot each) and
+    that wait in its listen backlog, seen from the kernel's side (/proc/net/tcp): an
+    ESTABLISHED socket not yet accepted has no file, so inode 0. Counts every client's."""
+    accepted = queued = 0
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # local port, ESTABLISHED
+                if fields[9] == "0":
+                    queued += 1
+                else:
+                    accepted += 1
+    return accepted, queued
+
+
+def _poll(predicate: Callable[[], bool], deadline_s: float) -> bool:
+    deadline = time.monotonic() + deadline_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)  # poll interval of a deadline loop
+    return True
 
 
 async def _slow_body(port: int, source: str, stop: asyncio.Event, stats: dict[str, int]) -> None:
@@ -114,8 +144,7 @@ def _attack(port: int, stop_flag: threading.Event, started: threading.Event, sta
                  for a in SLOW_ADDRESSES for _ in range(PER_ADDRESS)]
         tasks += [asyncio.create_task(_idle_keepalive(port, a, stop, stats))
                   for a in IDLE_ADDRESSES for _ in range(PER_ADDRESS)]
-        await asyncio.sleep(3.0)  # every attacker connected (or refused) before the probe
-        started.set()
+        started.set()  # the test waits until every slot is held (_slots_held)
         while not stop_flag.is_set():
             await asyncio.sleep(0.1)
         stop.set()
@@ -157,7 +186,12 @@ def _loopback_aliases_work() -> bool:
     return True
 
 
-@pytest.mark.skipif(not _loopback_aliases_work(), reason="127.0.0.2 cannot be bound here")
+needs_loopback_aliases = pytest.mark.skipif(
+    not _loopback_aliases_work() or not os.path.exists("/proc/net/tcp"),
+    reason="127.0.0.2 cannot be bound here, or no /proc/net/tcp to count held connections")
+
+
+@needs_loopback_aliases
 def test_i27_1_slow_body_and_idle_connections_beyond_the_slots_leave_heartbeats_fast(
     transactional_db: None, tmp_path: Path
 ):
@@ -171,13 +205,21 @@ def test_i27_1_slow_body_and_idle_connections_beyond_the_slots_leave_heartbeats_
         r = httpx.post(url, json={"memberId": "probe", "memberEpoch": 0}, headers=headers, timeout=10)
         epoch = r.json()["memberEpoch"]
         with Transport(server.url, fx.key) as transport:  # for the report: this machine's noise
-            alone = probe_heartbeats(transport, fx.group, epoch, 5.0, [])
+            alone = probe_heartbeats(transport, fx.group, epoch, 3.0, [])
         stats = {"slow_opened": 0, "idle_opened": 0}
         stop, started = threading.Event(), threading.Event()
         attacker = threading.Thread(target=_attack, args=(port, stop, started, stats), daemon=True)
         attacker.start()
+        held = (len(SLOW_ADDRESSES) + len(IDLE_ADDRESSES)) * PER_ADDRESS
+        slots = 2 * SLOTS_PER_WORKER
         try:
             assert started.wait(30)
+            # The premise, before any newcomer: every attacker has connected once and the
+            # workers hold a full set of slots (on the stock worker the rest wait in the backlog).
+            full = _poll(lambda: stats["slow_opened"] + stats["idle_opened"] >= held
+                         and _slots_held(port)[0] >= slots, 30)
+            at_start = _slots_held(port)
+            assert full, f"the attack did not hold every slot: (accepted, queued) {at_start}; {stats}"
             failures: list[object] = []
             arrived: list[float] = []
             arrivals_stop = threading.Event()
@@ -189,20 +231,23 @@ def test_i27_1_slow_body_and_idle_connections_beyond_the_slots_leave_heartbeats_
             with Transport(server.url, fx.key) as transport:
                 latencies = probe_heartbeats(transport, fx.group, epoch, ATTACK_SECONDS, failures,
                                              MIN_HEARTBEATS, PROBE_DEADLINE_S)
+            # Still full at the end (the probe's and the arrivals' own connections count too).
+            still_full = _poll(lambda: _slots_held(port)[0] >= slots, 5)
+            at_end = _slots_held(port)
             arrivals_stop.set()
             arrivals.join(60)
         finally:
             stop.set()
             attacker.join(30)
         with Transport(server.url, fx.key) as transport:  # the noise again, after the attack
-            alone += probe_heartbeats(transport, fx.group, epoch, 5.0, [])
-    held = (len(SLOW_ADDRESSES) + len(IDLE_ADDRESSES)) * PER_ADDRESS
-    assert held > 2 * SLOTS_PER_WORKER  # more clients than slots
-    assert stats["slow_opened"] + stats["idle_opened"] >= 2 * SLOTS_PER_WORKER, stats
+            alone += probe_heartbeats(transport, fx.group, epoch, 3.0, [])
+    assert held > slots  # more clients than slots
     (p50, p99), (alone_p50, alone_p99) = p50_p99_ms(latencies), p50_p99_ms(alone)
     print(f"alone: p50 {alone_p50:.1f} ms, p99 {alone_p99:.1f}"
           f" ms; {len(latencies)} heartbeats during the attack: p50 {p50:.1f} ms, p99 {p99:.1f} ms;"
-          f" {len(arrived)} arrivals: slowest {max(arrived, default=0) * 1000:.0f} ms; {stats}")
+          f" {len(arrived)} arrivals: slowest {max(arrived, default=0) * 1000:.0f} ms; {stats};"
+          f" (accepted, queued) at the probe's start {at_start}, at its end {at_end}")
+    assert still_full, f"the attack no longer held every slot at the end: {at_end}"
     assert not failures, failures[:5]
     assert len(arrived) >= MIN_ARRIVALS, f"{len(arrived)} arrivals answered during the attack"
     assert len(latencies) >= MIN_HEARTBEATS, f"{len(latencies)} heartbeats in {PROBE_DEADLINE_S} s"
@@ -218,3 +263,74 @@ def test_i27_1_slow_body_and_idle_connections_beyond_the_slots_leave_heartbeats_
     slowest = max(arrived) * 1000
     arrival_limit = LOADED_ARRIVAL_LIMIT_MS if os.getloadavg()[0] > (os.cpu_count() or 1) else ARRIVAL_LIMIT_MS
     assert slowest <= arrival_limit, f"an arrival waited {slowest:.0f} ms for its first answer; {stats}"
+
+
+SHIPPED_WORKER = "webserver.worker.GuardedGeventWorker"
+STOCK_WORKER = "gevent"
+SMALL_SLOTS = 8  # per worker: a few connections fill a node, so this test is quick
+NEWCOMER_LIMIT_S = 1.0
+LOADED_NEWCOMER_LIMIT_S = 2.5
+STARVED_AFTER_S = 3.0  # the stock worker's newcomer: no answer this long (slots held for 30 s)
+
+
+@needs_loopback_aliases
+@pytest.mark.parametrize(("worker_class", "starves"), [(SHIPPED_WORKER, False), (STOCK_WORKER, True)],
+                         ids=["shipped", "stock"])
+def test_i27_1_a_newcomer_while_slow_bodies_hold_every_slot(transactional_db: None, tmp_path: Path,
+                                                             worker_class: str, starves: bool):
+    """Both sides of 27.1 on one premise, checked from the server's side: more slow bodies
+    (from 127.0.0.2) than the node's slots, every slot held, then a new client's heartbeat.
+    The shipped worker answers it (a slow body is shed for it); the stock gevent worker does
+    not (its connection waits in the listen backlog until a slot frees: here, after the 30 s
+    body deadline). The stock case asserts the starvation, so this test fails if either the
+    fix or the premise stops being true."""
+    fx = make_group(stream="exhaust-n", group="exhaust-n-g")
+    env = {"WORKER_CLASS": worker_class, "WORKER_CONNECTIONS": str(SMALL_SLOTS),
+           "MAX_CONNECTIONS_PER_CLIENT": "100", "CONNECTION_CAP_EXEMPT": "", "BODY_READ_TIMEOUT_SECONDS": "30",
+           "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    slots = 2 * SMALL_SLOTS
+    holders: list[socket.socket] = []
+    with running_gunicorn(**env) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        try:
+            def hold() -> None:
+                s = socket.socket()
+                holders.append(s)
+                s.bind(("127.0.0.2", 0))
+                s.connect(("127.0.0.1", port))
+                s.sendall(b"POST /admin/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                          b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\na")
+
+            # The two workers take connections unevenly, and the shipped one refuses a worker's
+            # excess (503): open slow bodies until both workers' slots are held, then a few more.
+            deadline = time.monotonic() + 15
+            while _slots_held(port)[0] < slots and len(holders) < 20 * slots and time.monotonic() < deadline:
+                hold()
+            for _ in range(SMALL_SLOTS):
+                hold()
+            full = _poll(lambda: _slots_held(port)[0] >= slots, 15)
+            accepted, queued = _slots_held(port)
+            assert full, f"{len(holders)} slow bodies, {slots} slots: only {accepted} accepted ({queued} queued)"
+            if starves:
+                assert queued > 0, "the stock worker's slots are full: the rest wait in the backlog"
+            t0 = time.perf_counter()
+            try:
+                r = httpx.post(f"{server.url}/api/v1/groups/{fx.group}/heartbeat",
+                               json={"memberId": "newcomer", "memberEpoch": 0},
+                               headers={"Authorization": f"Bearer {fx.key}"}, timeout=STARVED_AFTER_S)
+                answered: float | None = time.perf_counter() - t0
+                status = r.status_code
+            except httpx.TimeoutException:
+                answered, status = None, 0
+        finally:
+            for s in holders:
+                s.close()
+    print(f"{worker_class}: {accepted} accepted, {queued} queued; newcomer answered"
+          f" {'never' if answered is None else f'{answered * 1000:.0f} ms'} (status {status})")
+    if starves:
+        assert answered is None, f"the stock worker answered a newcomer in {answered:.2f} s with every slot held"
+    else:
+        limit = LOADED_NEWCOMER_LIMIT_S if os.getloadavg()[0] > (os.cpu_count() or 1) else NEWCOMER_LIMIT_S
+        assert answered is not None, f"no answer to a newcomer within {STARVED_AFTER_S} s: starved"
+        assert status == 200, f"newcomer answered {status}"
+        assert answered <= limit, f"newcomer answered after {answered:.2f} s (limit {limit} s)"
