@@ -172,25 +172,56 @@ def _members_before_newest_column() -> tuple[str, str] | None:
     return None
 
 
-@pytest.fixture
-def older_release_database(empty_database) -> tuple[str, str]:
+def _admin_execute(sql: str) -> None:
+    admin = _server_url("postgres")
+    with psycopg.connect(admin.replace("postgres://", "postgresql://"), autocommit=True) as c:
+        c.execute(sql)
+
+
+@pytest.fixture(scope="module")
+def older_release_template() -> Iterator[tuple[str, str]]:
     """A database migrated, with a group and a member, then members rolled back before its
-    newest column: what an upgrade without `migrate` leaves. (URL, the missing migration.)"""
+    newest column: what an upgrade without `migrate` leaves. (Database name, the missing
+    migration.) Built once per module and cloned per test: each build is a full migrate
+    and a rollback (~10 s of subprocesses), the clone a file copy."""
     found = _members_before_newest_column()
     if found is None:
         pytest.skip("no members migration adds a column to roll back")
     older, newer = found
-    env = {"DATABASE_URL": empty_database}
-    # A member row, written while the column exists (as a member's join would have).
-    member = ("from coordination.model import MemberStatus; from groups.models import Group;"
-              " from members.models import Member;"
-              " Member.objects.create(group=Group.objects.get(name='upg'), member_id='m1', status=MemberStatus.STABLE)")
-    for argv in (["migrate", "--noinput"], ["create_stream", "up", "--shards", "2"],
-                 ["create_group", "upg", "--stream", "up"], ["shell", "-c", member],
-                 ["migrate", "members", older, "--noinput"]):
-        done = run([PYTHON, "manage.py", *argv], env=env, timeout=300)
+    name = f"rsc_older_{uuid.uuid4().hex[:8]}"
+    _admin_execute(f'CREATE DATABASE "{name}"')
+    try:
+        env = {"DATABASE_URL": _server_url(name)}
+        done = run([PYTHON, "manage.py", "migrate", "--noinput"], env=env, timeout=300)
         assert done.returncode == 0, done.stderr
-    return empty_database, newer
+        # The rows, as the commands and a member's join write them (while the column exists),
+        # then the rollback: one Django start-up instead of four.
+        setup = ("from django.core.management import call_command;"
+                 " from coordination.model import MemberStatus; from groups.models import Group;"
+                 " from members.models import Member;"
+                 " call_command('create_stream', 'up', '--shards', '2');"
+                 " call_command('create_group', 'upg', '--stream', 'up');"
+                 " Member.objects.create(group=Group.objects.get(name='upg'), member_id='m1',"
+                 " status=MemberStatus.STABLE);"
+                 f" call_command('migrate', 'members', {older!r}, '--noinput')")
+        done = run([PYTHON, "manage.py", "shell", "-c", setup], env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        yield name, newer
+    finally:
+        _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def older_release_database(older_release_template: tuple[str, str]) -> Iterator[tuple[str, str]]:
+    """A fresh copy of the older-release database (URL, the missing migration): one test
+    migrates it."""
+    template, newer = older_release_template
+    name = f"rsc_older_{uuid.uuid4().hex[:8]}"
+    _admin_execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    try:
+        yield _server_url(name), newer
+    finally:
+        _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_i24_3_database_of_an_older_release_says_run_migrate(older_release_database):
