@@ -586,3 +586,38 @@ def test_i27_6_a_grant_interrupts_the_blocking_wait_without_client_unblock(
     assert time.monotonic() - started < 5.0
     assert got[0].shard == "s:1:1"
     wait_until(lambda: rt.reader._waiting_sock is not None, what="waiting again, new connection")
+
+
+def test_i25_fields_of_any_count_reach_the_handler_as_redis_returns_them(
+    r, prefix, start_runtime
+) -> None:
+    """The dispatcher builds small field dicts on a fast path per field count (issue 25):
+    every count, and a repeated name (the last value wins, as in redis-py), must come out as
+    Redis stores them."""
+    stream = ShardKeys("s:1:0", prefix).stream
+    layouts = [
+        ["key", "k1"],
+        ["key", "k2", "a", "1"],
+        ["a", "1", "key", "k3", "b", "2"],
+        ["key", "k4", "a", "1", "b", "2", "c", "3"],
+        ["key", "k5", "a", "1", "a", "2"],  # a repeated name
+        ["a", "1", "b", "2"],  # no key field: keyed by its id
+        ["key", "k6", "a", "1", "b", "2", "c", "3", "d", "4"],
+    ]
+    for fields in layouts:
+        r.execute_command("XADD", stream, "*", *fields)
+    expected = {msg_id: fields for msg_id, fields in r.xrange(stream)}
+    seen: dict[str, dict[str, str]] = {}
+    keys: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def handler(msg: Message) -> None:
+        with lock:
+            seen[msg.id] = msg.fields
+            keys[msg.id] = msg.key
+
+    rt = start_runtime(handler, workers=2)
+    rt.grant(make_grant(prefix, "s:1:0"))
+    wait_until(lambda: len(seen) == len(layouts), what="all handled")
+    assert seen == expected
+    assert keys == {i: f.get("key", i) for i, f in expected.items()}
