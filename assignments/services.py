@@ -1,6 +1,8 @@
 """Heartbeat service: the shell around `coordination.engine.heartbeat` (load, lock, call, persist)."""
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
 from datetime import datetime
 from typing import Any
@@ -83,13 +85,18 @@ def _pass(group_name: str, batch: list[Queued[HeartbeatResult]]) -> None:
     between the commit and the last answer set: every answer, metadata included, is made
     before the commit, so a pass dropped after it still answers every heartbeat it applied."""
     answers: list[HeartbeatResult] = []
+    started = time.perf_counter()
+    core_s = save_s = 0.0
+    shards_changed = 0
     with transaction.atomic():
         group, state, loaded = lock_and_load(group_name, tuple(q.req.member_id for q in batch))
+        load_s = time.perf_counter() - started
         if group is None or state is None or loaded is None:
             for queued in batch:
                 queued.result = _no_group(group_name, queued.req)
             return
         applied = timezone.now()
+        core_started = time.perf_counter()
         for queued in batch:
             applied = queued.now or timezone.now()
             before = _changed(state.changes)
@@ -99,13 +106,29 @@ def _pass(group_name: str, batch: list[Queued[HeartbeatResult]]) -> None:
                 # a half-applied one.
                 raise RuntimeError(f"refused heartbeat changed the state: {queued.req}")
             answers.append(_result(group, response))
+        core_s = time.perf_counter() - core_started
         if not state.changes.empty:
+            save_started = time.perf_counter()
+            shards_changed = len(state.changes.shards)
             save_state(state, loaded, applied, commit=True)
+            save_s = time.perf_counter() - save_started
+    total_s = time.perf_counter() - started  # the commit included
     for queued, answer in zip(batch, answers, strict=True):
         queued.result = answer
+    if total_s > SLOW_PASS_S:
+        log.warning("slow locked pass of group %s: %.3f s for %d heartbeats (lock and load %.3f s,"
+                    " core %.3f s, save and commit %.3f s, %d shards changed)", group_name,
+                    total_s, len(batch), load_s, core_s, save_s, shards_changed)
 
 
 _GROUP_COMMIT = GroupCommit(_pass, _queues)
+
+log = logging.getLogger("coordinator.heartbeat")
+
+# A locked pass longer than this is logged with its parts (issue 26.2): in a 10k join storm a
+# pass that outlives the request deadline (5 s) is rolled back and every heartbeat in it is
+# retried, so where such a pass spends its time is what an operator needs to see.
+SLOW_PASS_S = 0.5
 
 
 def _changed(changes: Changes) -> tuple[object, ...]:

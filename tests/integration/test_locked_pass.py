@@ -551,3 +551,21 @@ def test_i23_4_a_steady_heartbeats_new_report_is_in_the_database_before_its_answ
         assert len(fastpath.STAMPS._pending) == 1
     finally:
         fastpath.STAMPS.stop()  # the next batch thread starts with the usual period
+
+
+def test_i26_2_a_slow_locked_pass_is_logged_with_its_parts(hb: Hb, monkeypatch, caplog):
+    """Issue 26.2: a locked pass longer than SLOW_PASS_S is logged with where its time went
+    (lock and load, core, save and commit), so a storm's stalls can be told apart from its
+    request count; a pass within the bound logs nothing."""
+    from assignments import services
+
+    with caplog.at_level("WARNING", logger="coordinator.heartbeat"):
+        beat("a", 0)
+    assert not [r for r in caplog.records if "slow locked pass" in r.getMessage()]
+    monkeypatch.setattr(services, "SLOW_PASS_S", 0.0)
+    with caplog.at_level("WARNING", logger="coordinator.heartbeat"):
+        beat("b", 0)
+    slow = [r.getMessage() for r in caplog.records if "slow locked pass" in r.getMessage()]
+    assert len(slow) == 1, slow
+    assert "for 1 heartbeats (lock and load" in slow[0], slow[0]
+    assert "save and commit" in slow[0], slow[0]
