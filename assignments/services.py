@@ -79,6 +79,14 @@ _queues: ProcessCache[str, deque[Queued[HeartbeatResult]]] = PROCESS.own(
 )
 
 
+log = logging.getLogger("coordinator.heartbeat")
+
+# A locked pass longer than this is logged with its parts (issue 26.2): in a 10k join storm a
+# pass that outlives the request deadline (5 s) is rolled back and every heartbeat in it is
+# retried, so where such a pass spends its time is what an operator needs to see.
+SLOW_PASS_S = 0.5
+
+
 def _pass(group_name: str, batch: list[Queued[HeartbeatResult]]) -> None:
     """One locked pass (gate held): lock and load once, apply each heartbeat in turn, save
     and commit once. Answers are set only once the commit succeeded, and nothing yields
@@ -122,13 +130,6 @@ def _pass(group_name: str, batch: list[Queued[HeartbeatResult]]) -> None:
 
 
 _GROUP_COMMIT = GroupCommit(_pass, _queues)
-
-log = logging.getLogger("coordinator.heartbeat")
-
-# A locked pass longer than this is logged with its parts (issue 26.2): in a 10k join storm a
-# pass that outlives the request deadline (5 s) is rolled back and every heartbeat in it is
-# retried, so where such a pass spends its time is what an operator needs to see.
-SLOW_PASS_S = 0.5
 
 
 def _changed(changes: Changes) -> tuple[object, ...]:

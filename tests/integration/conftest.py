@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +126,17 @@ class Hb:
 @pytest.fixture
 def hb(api: APIClient, orders: GroupFixture) -> Hb:
     return Hb(api, orders)
+
+
+def poll(predicate: Callable[[], bool], seconds: float, interval: float = 0.05) -> bool:
+    """Whether `predicate` came true within `seconds`, asked every `interval` (a poll with a
+    deadline; the caller asserts, with what it saw)."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
 
 
 def free_port() -> int:

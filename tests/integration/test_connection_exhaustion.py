@@ -28,7 +28,6 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -36,7 +35,7 @@ import pytest
 
 from dataplane.transport import CoordinatorUnavailable, Transport
 
-from .conftest import make_group, running_gunicorn
+from .conftest import make_group, poll, running_gunicorn
 from .probes import p50_p99_ms, probe_heartbeats
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_postgres]
@@ -74,15 +73,6 @@ def _slots_held(port: int) -> tuple[int, int]:
                 else:
                     accepted += 1
     return accepted, queued
-
-
-def _poll(predicate: Callable[[], bool], deadline_s: float) -> bool:
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)  # poll interval of a deadline loop
-    return True
 
 
 async def _slow_body(port: int, source: str, stop: asyncio.Event, stats: dict[str, int]) -> None:
@@ -216,7 +206,7 @@ def test_i27_1_slow_body_and_idle_connections_beyond_the_slots_leave_heartbeats_
             assert started.wait(30)
             # The premise, before any newcomer: every attacker has connected once and the
             # workers hold a full set of slots (on the stock worker the rest wait in the backlog).
-            full = _poll(lambda: stats["slow_opened"] + stats["idle_opened"] >= held
+            full = poll(lambda: stats["slow_opened"] + stats["idle_opened"] >= held
                          and _slots_held(port)[0] >= slots, 30)
             at_start = _slots_held(port)
             assert full, f"the attack did not hold every slot: (accepted, queued) {at_start}; {stats}"
@@ -232,7 +222,7 @@ def test_i27_1_slow_body_and_idle_connections_beyond_the_slots_leave_heartbeats_
                 latencies = probe_heartbeats(transport, fx.group, epoch, ATTACK_SECONDS, failures,
                                              MIN_HEARTBEATS, PROBE_DEADLINE_S)
             # Still full at the end (the probe's and the arrivals' own connections count too).
-            still_full = _poll(lambda: _slots_held(port)[0] >= slots, 5)
+            still_full = poll(lambda: _slots_held(port)[0] >= slots, 5)
             at_end = _slots_held(port)
             arrivals_stop.set()
             arrivals.join(60)
@@ -308,7 +298,7 @@ def test_i27_1_a_newcomer_while_slow_bodies_hold_every_slot(transactional_db: No
                 hold()
             for _ in range(SMALL_SLOTS):
                 hold()
-            full = _poll(lambda: _slots_held(port)[0] >= slots, 15)
+            full = poll(lambda: _slots_held(port)[0] >= slots, 15)
             accepted, queued = _slots_held(port)
             assert full, f"{len(holders)} slow bodies, {slots} slots: only {accepted} accepted ({queued} queued)"
             if starves:

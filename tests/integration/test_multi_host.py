@@ -43,7 +43,7 @@ from django.db import connections
 
 from groups.sweeps import run_all_sweeps
 
-from .conftest import ROOT, GroupFixture, free_port, group_on_fresh_stream, live_database_url
+from .conftest import ROOT, GroupFixture, free_port, group_on_fresh_stream, live_database_url, poll
 from .multi_host_member import Exchange, Hosts, SimMember, Timeline
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.slow,
@@ -357,15 +357,6 @@ def _stale_answers(exchanges: list[Exchange]) -> list[tuple]:
     return found
 
 
-def _wait(predicate: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)  # poll interval of a deadline loop
-    return True
-
-
 def test_i23_8_three_hosts_keep_r9_and_epochs_and_converge_under_churn(hosts: list[Host]) -> None:
     with group_on_fresh_stream("mh", "mh-{stream}", shards=SHARDS, heartbeat_interval_ms=HEARTBEAT_MS,
                                session_timeout_ms=SESSION_MS, rebalance_timeout_ms=REBALANCE_MS) as fx:
@@ -395,17 +386,17 @@ def test_i23_8_three_hosts_keep_r9_and_epochs_and_converge_under_churn(hosts: li
             for t in threads:
                 t.start()
             # The director: a reshard through a random host's API, then a host restarted.
-            assert _wait(lambda: run.elapsed() >= RESHARD_AT, RESHARD_AT + 5)
+            assert poll(lambda: run.elapsed() >= RESHARD_AT, RESHARD_AT + 5, interval=0.1)
             reshard = httpx.post(f"{random.choice(hosts).url}/api/v1/streams/{fx.stream}/reshard",
                                  json={"shards": RESHARD_TO},
                                  headers={"Authorization": f"Bearer {fx.admin_key}"}, timeout=10)
             assert reshard.status_code == 202, reshard.text
-            assert _wait(lambda: run.elapsed() >= RESTART_AT, RESTART_AT + 5)
+            assert poll(lambda: run.elapsed() >= RESTART_AT, RESTART_AT + 5, interval=0.1)
             restarted = hosts[1]
             restarted.stop()
             restarted.start()
             run.count("host restarted")
-            assert _wait(lambda: run.elapsed() >= CHURN_S, CHURN_S + 5)
+            assert poll(lambda: run.elapsed() >= CHURN_S, CHURN_S + 5, interval=0.1)
             run.churning.clear()
 
             settled: dict[str, set[str]] | str = "not polled"
@@ -421,7 +412,7 @@ def test_i23_8_three_hosts_keep_r9_and_epochs_and_converge_under_churn(hosts: li
                 return set(settled) <= set(final) and all(
                     set(final[m].owned) == shards and final[m].assigned == shards for m, shards in settled.items())
 
-            assert _wait(converged, 40), f"no convergence: {settled}"
+            assert poll(converged, 40, interval=0.1), f"no convergence: {settled}"
         finally:
             run.stopping.set()
             for t in threads:
