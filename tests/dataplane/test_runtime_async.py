@@ -124,7 +124,9 @@ def test_async_revocation_waits_for_in_flight_coroutine(r, prefix, start_runtime
     wait_until(lambda: rt.status(shard) == "ACTIVE")
     ids = [r.xadd(keys.stream, {"key": "same"}) for _ in range(5)]
     assert entered.wait(10)
-    wait_until(lambda: pending(r, keys.stream) == 5, what="all five read, one in progress")
+    # Redis counts a read as pending before the runtime has dispatched it: wait for both.
+    wait_until(lambda: pending(r, keys.stream) == 5 and rt.in_flight(shard) == 5,
+               what="all five read and dispatched, one in progress")
     rt.revoke(shard)
     assert rt.in_flight(shard) >= 5  # the coroutine in progress holds the revocation
     release.set()

@@ -171,6 +171,8 @@ def _settled(group: str, stream: str) -> dict[str, set[str]] | str:
         return f"{len(unsettled)} slots not owned by their STABLE target, e.g. {unsettled[:3]}"
     held: dict[str, set[str]] = {m: set() for m in live}
     for shard, owner, *_ in slots:
+        if owner not in held:  # it left or expired between the two reads: not settled yet
+            return f"{owner} owns {shard} but is no longer STABLE"
         held[owner].add(shard)
     counts = sorted(len(v) for v in held.values())
     if counts[-1] - counts[0] > 1:
