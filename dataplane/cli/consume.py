@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -175,6 +176,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         raise PreflightError(str(exc)) from exc
     print(f"member {consumer.member_id} consuming group {args.group}", file=sys.stderr)
     print_status_on_sigusr1(consumer)
+    # This process is ours: what start-up loaded (modules, the handler's imports) never becomes
+    # garbage, so the collector's full passes stop walking it. Messages in flight survive into
+    # the oldest generation and trigger full passes that hold the GIL over every thread: 15-25 %
+    # of a no-op consumer's time without this (bench/dataplane.py --gc default). The
+    # coordinator's workers do the same (gunicorn_conf.py); an application embedding Consumer
+    # decides for its own process (dataplane/README.md, "Garbage collector").
+    gc.freeze()
     consumer.run()
     return 0
 

@@ -99,10 +99,16 @@ def test_clear_errors(coordinator, redis_url) -> None:
 
 
 def test_consume_until_sigterm_then_leave(r, prefix, coordinator, redis_url, tmp_path) -> None:
+    """Also issue 25's bench premise: the handler runs after `consume` froze the collector
+    (gc.freeze() once start-up is done), so the process the CLI owns pays no full passes over
+    what start-up loaded."""
     setup_stream(coordinator, prefix)
     seen = tmp_path / "seen.txt"
+    frozen = tmp_path / "frozen.txt"
     (tmp_path / "myhandler.py").write_text(
+        "import gc\n"
         f"def handle(msg):\n    open({str(seen)!r}, 'a').write(msg.key + '\\n')\n"
+        f"    open({str(frozen)!r}, 'w').write(str(gc.get_freeze_count()))\n"
     )
     e = env(coordinator.url, redis_url)
     with Producer(coordinator.url, "orders", "cli-key", redis_url=redis_url) as p:
@@ -139,6 +145,7 @@ def test_consume_until_sigterm_then_leave(r, prefix, coordinator, redis_url, tmp
         _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert sorted(seen.read_text().split()) == sorted(f"k{i}" for i in range(20))
+    assert int(frozen.read_text()) > 1000  # start-up's objects, out of the collector's passes
     assert coordinator.requests[0]["memberEpoch"] == 0
     assert coordinator.requests[-1]["memberEpoch"] == -1
 
