@@ -20,8 +20,8 @@ from .. import scripts
 from ..backoff import Backoff, retry_call
 from ..connections import NET_ERRORS
 from ..errors import RedisPermissionError, is_noperm
+from ..wire import HeldConnection
 from .shard_table import FINAL, ShardState, ShardTable
-from .wire import HeldConnection
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from ..wire import roundtrip
 from .shard_table import ShardState
-from .wire import roundtrip
 
 
 @dataclass(slots=True)

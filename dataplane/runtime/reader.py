@@ -30,11 +30,11 @@ from .. import scripts
 from ..backoff import Backoff
 from ..connections import NET_ERRORS
 from ..errors import RedisPermissionError, is_noperm
+from ..wire import HeldConnection
 from .config import RuntimeConfig
 from .fenced_read import FencedReader
 from .recovery import Recovery
 from .shard_table import ShardState, ShardStatus, ShardTable, StartShard
-from .wire import HeldConnection
 from .workers import Dispatcher
 
 log = logging.getLogger(__name__)
