@@ -7,23 +7,14 @@ import threading
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from dataplane import Consumer, Message, Producer
 from dataplane.routing import ShardKeys
+from tests.tracing_exporter import in_memory_exporter
 
 from .conftest import routing_doc, version_doc, wait_until
 
-EXPORTER = InMemorySpanExporter()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def provider() -> None:
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(EXPORTER))
-    trace.set_tracer_provider(tp)  # once per process: the SDK refuses a second one
+EXPORTER = in_memory_exporter()
 
 
 @pytest.fixture(autouse=True)
