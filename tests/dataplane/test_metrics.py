@@ -5,13 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import urllib.error
-import urllib.request
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from dataplane import Consumer, Message
 from dataplane.routing import ShardKeys
+from tests.member_http import get, samples
 
 from .conftest import ROOT, version_doc, wait_until
 
@@ -22,23 +19,6 @@ def metadata(prefix: str, session_ms: int = 30000) -> dict:
         "sessionTimeoutMs": session_ms, "startPosition": "earliest", "keyPrefix": prefix,
         "versions": [version_doc("orders", 1, 2, prefix)],
     }  # fmt: skip
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-def samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    _, text = get(port, "/metrics")
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
 
 
 def value(port: int, name: str, **labels: str) -> float:

@@ -15,6 +15,7 @@ import redis
 
 from dataplane import Consumer, ConsumerStatus, Message
 from dataplane.routing import ShardKeys
+from tests.member_http import get
 
 from .conftest import ROOT, version_doc, wait_until
 
@@ -139,7 +140,7 @@ def test_i25_3_healthz_and_the_status_command_turn_unhealthy_when_redis_is_unrea
         try:
             wait_until(lambda: c.metrics_port, what="serving")
             mport = c.metrics_port
-            wait_until(lambda: _get(mport, "/healthz")[0] == 200, timeout=20, what="healthy")
+            wait_until(lambda: get(mport, "/healthz")[0] == 200, timeout=20, what="healthy")
             out = _status_cli(mport)
             assert out.returncode == 0, out.stderr
             doc = json.loads(out.stdout)
@@ -149,8 +150,8 @@ def test_i25_3_healthz_and_the_status_command_turn_unhealthy_when_redis_is_unrea
 
             server.terminate()
             server.wait(10)
-            wait_until(lambda: _get(mport, "/healthz")[0] == 503, timeout=20, what="unhealthy")
-            assert _get(mport, "/healthz")[1] == "Redis unreachable\n"
+            wait_until(lambda: get(mport, "/healthz")[0] == 503, timeout=20, what="unhealthy")
+            assert get(mport, "/healthz")[1] == "Redis unreachable\n"
             out = _status_cli(mport)
             assert out.returncode == 1, out.stderr
             doc = json.loads(out.stdout)
@@ -177,16 +178,3 @@ def _pings(client: redis.Redis) -> bool:
         return bool(client.ping())
     except redis.ConnectionError:
         return False
-
-
-def _get(port: int, path: str) -> tuple[int, str]:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError as exc:  # the predicate never raises: a refused connection is "not yet"
-        return 0, str(exc)

@@ -8,8 +8,6 @@ the coordinator's describe names the member's library and version."""
 from __future__ import annotations
 
 import threading
-import urllib.error
-import urllib.request
 from collections import defaultdict
 
 import pytest
@@ -17,6 +15,7 @@ from opentelemetry import trace
 
 import dataplane
 from dataplane import Consumer, Message, Producer
+from tests.member_http import get, total
 from tests.tracing_exporter import in_memory_exporter
 
 from .conftest import World
@@ -29,20 +28,6 @@ pytestmark = [
 
 EXPORTER = in_memory_exporter()
 BATCH = 20
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-def sample(text: str, name: str) -> float:
-    """The sum of a metric's samples in the text exposition (every label set)."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name) and not line.startswith("#"))  # fmt: skip
 
 
 def test_i25_2_3_6_7_batches_metrics_status_and_traces_of_a_member_with_the_real_coordinator(
@@ -98,10 +83,8 @@ def test_i25_2_3_6_7_batches_metrics_status_and_traces_of_a_member_with_the_real
 
         # 25.3: the metrics port and status() agree with the coordinator.
         port = consumer.metrics_port
-        status, text = get(port, "/metrics")
-        assert status == 200
-        assert sample(text, "rsc_member_messages_handled_total") == 300
-        assert sample(text, "rsc_member_owned_shards") == 2
+        assert total(port, "rsc_member_messages_handled_total") == 300
+        assert total(port, "rsc_member_owned_shards") == 2
         assert get(port, "/healthz")[0] == 200
         st = consumer.status()
         assert (st.member_id, st.member_epoch, set(st.owned_shards)) == ("m-batch", epoch, shards)
