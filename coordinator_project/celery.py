@@ -80,10 +80,14 @@ def _publish_identity(**_: Any) -> None:
     # sweeps matter more, and stream/group creation and reshards write it too.
     import logging
 
+    from groups.errors import ServiceError
     from groups.namespace import publish_identity
 
     try:
         publish_identity()
+    except ServiceError as exc:  # Redis unreachable: an operator's matter, one line (issue 24.3)
+        logging.getLogger(__name__).error(
+            "%s; check STREAM_REDIS_URL (default REDIS_URL) and that Redis is running", str(exc).rstrip("."))
     except Exception:
         logging.getLogger(__name__).exception("cannot publish the installation identity")
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import psycopg
@@ -18,7 +19,7 @@ from django.db import connection
 from groups.models import Group
 from groups.services import create_group, create_stream
 
-from .conftest import ROOT, live_database_url, running_gunicorn
+from .conftest import ROOT, live_database_url, poll, running_gunicorn
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True)]
 
@@ -139,6 +140,29 @@ def test_i24_3_redis_unreachable_where_a_command_needs_it():
     p = run([PYTHON, "manage.py", "reshard", "rd", "--shards", "3"],
             env={"REDIS_URL": "redis://127.0.0.1:1/0", "STREAM_REDIS_URL": "redis://127.0.0.1:1/0"})
     one_line_error(p, "STREAM_REDIS_URL", "Connection refused")
+
+
+def test_i24_3_celery_beat_with_redis_unreachable_says_so_in_one_line_per_attempt(tmp_path: Path) -> None:
+    """Beat with REDIS_URL down: Celery retries the broker (a supervisor's outage is not a
+    configuration error), and says why in one line per attempt; the installation identity it
+    cannot publish at start is one line too, not a 40-line traceback."""
+    log = tmp_path / "beat.log"
+    down = "redis://127.0.0.1:1/0"
+    env = {**os.environ, "DATABASE_URL": live_database_url(), "REDIS_URL": down, "STREAM_REDIS_URL": down}
+    with log.open("w") as out:
+        beat = subprocess.Popen([PYTHON, "-m", "celery", "-A", "coordinator_project", "beat", "-l", "warning",
+                                 "--schedule", str(tmp_path / "schedule")],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        assert poll(lambda: "beat: Connection error" in log.read_text(), 60), log.read_text()
+    finally:
+        beat.terminate()
+        beat.wait(20)
+    text = log.read_text()
+    assert "Traceback" not in text, text
+    identity = [line for line in text.splitlines() if "installation identity" in line]
+    assert len(identity) == 1, text
+    assert "Connection refused; check STREAM_REDIS_URL" in identity[0], identity[0]
 
 
 def test_i24_3_output_piped_into_head_exits_quietly():
