@@ -1,5 +1,5 @@
-"""Issue 24.7: the shell and Python blocks of README.md, dataplane/README.md, docs/OPERATING.md
-and docs/SECURITY.md marked `<!-- docs-test: run: tests/integration/test_docs_blocks_run.py -->`
+"""Issue 24.7: the shell and Python blocks of README.md, dataplane/README.md, docs/OPERATING.md,
+docs/SECURITY.md and docs/RESHARDING.md marked `<!-- docs-test: run: tests/integration/test_docs_blocks_run.py -->`
 run here, read from the docs themselves, against a real stack: a fresh PostgreSQL database
 migrated by `manage.py migrate`, real gunicorn with the shipped config, and Redis; the commands
 find their settings through RSC_ENV_FILE as an operator's would (the bootstrap's own blocks run
@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import ROOT, FreshInstall, fresh_install
+from .conftest import ROOT, FreshInstall, fresh_install, poll
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.slow]
 
@@ -237,3 +237,33 @@ def test_i24_7_security_and_operating_blocks_run_as_printed(stack: Stack):
     done = subprocess.run([sys.executable, "manage.py", "list_streams"], cwd=ROOT, env=stack.env,
                           capture_output=True, text=True, timeout=120)
     assert "orders" not in done.stdout  # delete_stream removed it
+
+
+def test_i24_7_resharding_celery_block_runs_the_sweeps(tmp_path: Path) -> None:
+    """RESHARDING's one command for the periodic part (a worker with beat inside) runs the
+    sweeps on a fresh installation, and stops on SIGTERM."""
+    blocks = run_blocks("docs/RESHARDING.md")
+    assert [lang for lang, _ in blocks] == ["sh"]
+    with fresh_install(tmp_path, "rsc_docs", "SWEEP_INTERVAL_SECONDS=1") as install:
+        done = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=install.env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        log = tmp_path / "celery.log"
+        with log.open("w") as out:
+            celery = subprocess.Popen(["bash", "-c", blocks[0][1]], cwd=ROOT, env=install.env, start_new_session=True,
+                                      stdout=out, stderr=subprocess.STDOUT)
+        try:
+            def swept() -> bool:
+                assert celery.poll() is None, log.read_text()
+                row = install.sql("SELECT count(*) FROM groups_sweeprun WHERE last_finished_at IS NOT NULL")
+                return bool(row and row[0] >= 2)  # liveness and resharding
+
+            assert poll(swept, 90, interval=0.2), log.read_text()
+        finally:
+            os.killpg(celery.pid, signal.SIGTERM)
+            try:
+                celery.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(celery.pid, signal.SIGKILL)
+                celery.wait(5)
+        assert "Traceback" not in log.read_text(), log.read_text()

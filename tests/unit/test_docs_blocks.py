@@ -43,3 +43,19 @@ def test_i24_7_run_markers_name_a_test_that_reads_that_doc():
         test = ROOT / what.split()[0]  # the test file, then what it puts in (placeholders, hosts)
         assert test.exists(), f"{doc}:{line}: no test {what}"
         assert Path(doc).name in test.read_text(), f"{doc}:{line}: {what} does not read {doc}"
+
+
+def test_i24_7_every_code_block_is_fenced_and_names_its_language():
+    """A shell command in an indented block or a fence without a language would escape the two
+    checks above: every code block is fenced and says what it holds (`text` for a diagram or
+    an output)."""
+    from markdown_it import MarkdownIt  # CommonMark's own reading of what a code block is
+
+    parser = MarkdownIt("commonmark")
+    hidden = []
+    for doc in DOCS:
+        for token in parser.parse(doc.read_text()):
+            if token.type == "code_block" or (token.type == "fence" and not token.info.strip()):
+                line = token.map[0] + 1 if token.map else 0
+                hidden.append(f"{doc.relative_to(ROOT)}:{line}: {token.content.splitlines()[0][:60]!r}")
+    assert not hidden, f"fence these blocks with their language (sh, python, text, ...): {hidden}"
