@@ -6,6 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from assignments.views import HeartbeatView
 from coordinator_project import views
 from coordinator_project.metrics import metrics_view
+from groups import schema  # noqa: F401 - registers the API key's OpenAPI description
 from groups.stream_views import ReshardView, RoutingView
 from groups.views import DescribeGroupView, PauseGroupView, ResumeGroupView
 

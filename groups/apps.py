@@ -8,4 +8,6 @@ class GroupsConfig(AppConfig):
     def ready(self) -> None:
         # The failed-login line (issue 27.2): its signal receiver connects on import.
         import coordinator_project.admin_login  # noqa: F401
-        from groups import schema  # noqa: F401 - registers the API key's OpenAPI description
+        # groups.schema (the API key's OpenAPI description) is imported by the URLconf, beside
+        # the schema views: drf-spectacular (~0.1 s, it pulls in rest_framework.test) is then
+        # not imported by every manage.py command, which never builds a schema.

@@ -2,7 +2,7 @@
 
 Without it, `manage.py check --deploy` warned W001 once per API view ("could not resolve
 authenticator"), and the schema said nothing of how to authenticate. Registered on import by
-groups.apps.GroupsConfig.ready().
+the URLconf (coordinator_project.urls), which every schema generation loads.
 """
 from __future__ import annotations
 
