@@ -33,8 +33,13 @@ run: install
 # (coordinator_project/test_settings.py); tests that share one machine-wide thing run on one
 # worker (tests/conftest.py, XDIST_GROUPS). TEST_WORKERS=0 runs in this process.
 TEST_WORKERS ?= 4
+# The suite starts hundreds of Python processes (servers, manage.py, members); where
+# PYTHONDONTWRITEBYTECODE is set none of them caches bytecode, and in a fresh clone each compiles
+# the project's modules again. compileall writes them once (stale ones only) to __pycache__.
 test: install
 	$(VENV)/bin/lint-imports --no-logo --no-cache
+	$(PY) -m compileall -q -x '/(build|var|node_modules)/' coordinator_project coordination groups members \
+		assignments webserver dataplane tests bench scripts manage.py > /dev/null
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
 		$(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
