@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True
 @pytest.fixture
 def root() -> Client:
     c = Client()
-    c.force_login(User.objects.create_superuser("root", password="pw-for-tests-only"))
+    c.force_login(User.objects.create_superuser("root", password=None))
     return c
 
 

@@ -196,7 +196,7 @@ def test_last_used_is_stamped_at_most_once_a_minute(api: APIClient, orders: Grou
 
 
 def test_admin_lists_keys_and_revokes_through_the_service(api: APIClient, orders: GroupFixture):
-    root = User.objects.create_superuser("root", password="pw-for-tests")
+    root = User.objects.create_superuser("root", password=None)
     client = Client()
     client.force_login(root)
     page = client.get("/admin/groups/apikey/").content.decode()
@@ -210,7 +210,7 @@ def test_admin_lists_keys_and_revokes_through_the_service(api: APIClient, orders
     assert "Revoked" in r.content.decode()
     assert beat(api, orders, orders.key).status_code == 401
     assert Event.objects.get(kind="api_key_revoked").actor == "admin:root"
-    viewer = User.objects.create_user("viewer", password="pw-for-tests", is_staff=True)
+    viewer = User.objects.create_user("viewer", password=None, is_staff=True)
     viewer.user_permissions.add(*Permission.objects.filter(codename="view_apikey"))
     other = Client()
     other.force_login(viewer)

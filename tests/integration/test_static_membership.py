@@ -202,7 +202,7 @@ def test_describe_and_admin_show_instance_id_and_temporary_leave(four):
     assert 25 <= m0["expiresInS"] <= 30
     assert next(m for m in doc["members"] if m["memberId"] == "m1")["expiresInS"] is None
     admin = Client()
-    admin.force_login(User.objects.create_superuser("root", password="pw-for-tests-only"))
+    admin.force_login(User.objects.create_superuser("root", password=None))
     page = admin.get("/admin/members/member/").content.decode()
     assert "inst-0" in page
     assert re.search(r"temporarily left \(expires in \d+ s\)", page)
