@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-import httpx
-import redis
-from redis.exceptions import RedisClusterException
-
 from .protocol import answer_body
+
+# httpx and redis are imported by the check that uses each: `rsc-dataplane --help`, `route`
+# and a start refused by the coordinator never load redis-py (~0.3 s: it imports the
+# OpenTelemetry SDK where that is installed), and the CLI's --help loads neither.
 
 EXIT_CONFIG = 2  # refused or misconfigured: retrying will not help (401/403/404, bad arguments)
 EXIT_UNREACHABLE = 3  # the coordinator or Redis cannot be reached: retrying later may help
@@ -62,6 +62,8 @@ def _refusal(status: int, body: dict[str, Any], what: str, url: str) -> Prefligh
 
 def coordinator_get(url: str, api_key: str | None, path: str, what: str) -> dict[str, Any]:
     """GET one read-only document; PreflightError for anything but 200."""
+    import httpx
+
     from . import __version__
 
     headers = {"Accept": "application/json", "User-Agent": f"rsc-dataplane/{__version__}"}
@@ -120,6 +122,9 @@ def _unreachable_redis(url: str, exc: Exception) -> PreflightError:
 
 def check_redis(url: str, cluster: bool = False) -> None:
     """PING Redis once with short timeouts."""
+    import redis
+    from redis.exceptions import RedisClusterException
+
     kwargs: dict[str, Any] = {"socket_timeout": 3.0, "socket_connect_timeout": 3.0}
     try:
         if cluster:
