@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -232,6 +232,41 @@ def answer(body: bytes) -> dict[str, Any]:
     return data
 
 
+class FairPool:
+    """The storm's shared connections, handed out strictly in the order they were asked for.
+
+    asyncio.Queue is not fair: a connection put back wakes the first waiter, but a task that
+    asks before that waiter runs takes it, and the woken waiter queues again at the end. In
+    the storm the member that just put its connection back and reports a revocation at once
+    (or whose heartbeat timer fires) always asked first, so heartbeats of joined members kept
+    overtaking the joins still waiting: joins answered over ~23 s instead of the ~8 s the
+    server needs for 10,000 of them, and each late join (past R1b's 5 W cap) cost a recompute.
+    With a connection each, as in production, a request waits behind those sent before it."""
+
+    def __init__(self, conns: list[Any]) -> None:
+        self._free: deque[Any] = deque(conns)
+        self._waiters: deque[asyncio.Future[Any]] = deque()
+
+    async def get(self) -> Any:
+        if self._free and not self._waiters:
+            return self._free.popleft()
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return await waiter
+
+    def put(self, conn: Any) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        self._free.append(conn)
+
+    def drain(self) -> list[Any]:
+        conns, self._free = list(self._free), deque()
+        return conns
+
+
 async def converge(url: str, group: str, key: str) -> tuple[float, int, float]:
     """All members join at once, then heartbeat as the data plane does: every
     heartbeatIntervalMs, and at once when a revocation is to be reported (C1). Each member has
@@ -243,9 +278,8 @@ async def converge(url: str, group: str, key: str) -> tuple[float, int, float]:
     members = [SimMember(f"m{i:04d}") for i in range(MEMBERS)]
     parsed = urlparse(url)
     headers = {"Authorization": f"Bearer {key}"}
-    pool: asyncio.Queue[Connection] = asyncio.Queue()
-    for _ in range(min(MEMBERS, STORM_CONNECTIONS or MEMBERS)):
-        pool.put_nowait(Connection(parsed.hostname or "127.0.0.1", parsed.port or 80, headers))
+    pool = FairPool([Connection(parsed.hostname or "127.0.0.1", parsed.port or 80, headers)
+                     for _ in range(min(MEMBERS, STORM_CONNECTIONS or MEMBERS))])
     path = f"/api/v1/groups/{group}/heartbeat"
     requests = 0
     joined = 0
@@ -276,7 +310,7 @@ async def converge(url: str, group: str, key: str) -> tuple[float, int, float]:
                 await asyncio.sleep(0.5)
                 continue
             finally:
-                pool.put_nowait(conn)
+                pool.put(conn)
             requests += 1
             if status in (429, 503):  # RATE_LIMITED, COORDINATOR_UNAVAILABLE: retried after Retry-After
                 transport_errors[0] += 1
@@ -315,8 +349,8 @@ async def converge(url: str, group: str, key: str) -> tuple[float, int, float]:
     finally:
         elapsed = time.monotonic() - start
         await asyncio.gather(*tasks, return_exceptions=True)
-        while not pool.empty():
-            await pool.get_nowait().close()
+        for conn in pool.drain():
+            await conn.close()
     if failures:
         raise SystemExit(f"{len(failures)} members failed, first: {failures[0]}")
     if transport_errors[0]:
