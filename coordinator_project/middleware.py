@@ -14,20 +14,36 @@ from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from coordinator_project import errors
+from coordinator_project.logging import LogThrottle
+from coordinator_project.migration_state import is_not_migrated
+from coordinator_project.process_state import PROCESS
 from dataplane.protocol import ErrorCode
 from groups.api_errors import error_body
 
 log = logging.getLogger(__name__)
 
 
+_not_migrated_lines = PROCESS.own(
+    "not-migrated log throttle", LogThrottle(every=10.0),
+    "One warning line per 10 s while the database lacks this release's tables."
+    " key: one constant -> when its last line was logged, lines held since; bound: one key;"
+    " invalidated: every 10 s; N hosts: per process by design (each logs its own lines).",
+)
+
+
 def unavailable_response(exc: BaseException) -> JsonResponse:
-    # The class name only: the driver's message can name hosts and users.
-    log.warning("database unavailable, answering 503: %s: %s", exc.__class__.__name__, exc)
-    response = JsonResponse(
-        error_body(ErrorCode.COORDINATOR_UNAVAILABLE, f"the coordinator's database is unavailable "
-                   f"({exc.__class__.__name__}); retry later"),
-        status=503,
-    )
+    if is_not_migrated(exc):
+        held = _not_migrated_lines.allow("not-migrated")
+        if held is not None:
+            log.warning("database not migrated, answering 503: run manage.py migrate (%s: %s)%s",
+                        exc.__class__.__name__, str(exc).splitlines()[0] if str(exc) else "",
+                        f" ({held} more not logged in the last 10 s)" if held else "")
+        message = "the coordinator's database is not migrated: run manage.py migrate; retry later"
+    else:
+        log.warning("database unavailable, answering 503: %s: %s", exc.__class__.__name__, exc)
+        # The class name only: the driver's message can name hosts and users.
+        message = f"the coordinator's database is unavailable ({exc.__class__.__name__}); retry later"
+    response = JsonResponse(error_body(ErrorCode.COORDINATOR_UNAVAILABLE, message), status=503)
     response["Retry-After"] = str(settings.DB_RETRY_AFTER_SECONDS)
     return response
 
@@ -47,7 +63,7 @@ class DatabaseUnavailableMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
-        if isinstance(exc, UNAVAILABLE_ERRORS):
+        if isinstance(exc, UNAVAILABLE_ERRORS) or is_not_migrated(exc):
             return unavailable_response(exc)
         return None
 

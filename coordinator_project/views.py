@@ -26,6 +26,7 @@ from django.views.decorators.http import require_safe
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from coordinator_project.migration_state import check_migrations
 from coordinator_project.process_state import PROCESS
 from groups.models import SweepRun
 from members.intake import current_intake, probe_heartbeat_tables
@@ -50,42 +51,6 @@ def favicon(request: HttpRequest) -> FileResponse:
     return FileResponse(FAVICON.open("rb"), content_type="image/x-icon")
 
 
-class _MigrationsSeen:
-    """Whether this process saw every migration of its code applied (then for good: nothing
-    unapplies them behind a running release)."""
-
-    def __init__(self) -> None:
-        self.seen = False
-
-    def reset(self) -> None:
-        self.seen = False
-
-
-_MIGRATIONS = PROCESS.own(
-    "migrations applied", _MigrationsSeen(),
-    "Whether /readyz saw every migration of this release applied. key: none (one flag); bound: one"
-    " flag; invalidated: reset (tests, a database rewind); while migrations are missing each /readyz"
-    " asks again; N hosts: each process asks its own database connection",
-)
-
-
-def _check_migrations() -> str:
-    """A release started on a database migrated by an older one answers every heartbeat 500
-    until `manage.py migrate`: not ready (issue 24.3's not-migrated case, for the web tier)."""
-    if _MIGRATIONS.seen:
-        return "ok"
-    from django.db.migrations.executor import MigrationExecutor
-
-    executor = MigrationExecutor(connection)
-    pending = [f"{m.app_label}.{m.name}" for m, backwards in
-               executor.migration_plan(executor.loader.graph.leaf_nodes()) if not backwards]
-    if not pending:
-        _MIGRATIONS.seen = True
-        return "ok"
-    more = f" and {len(pending) - 1} more" if len(pending) > 1 else ""
-    return f"error: migrations of this release not applied ({pending[0]}{more}): run manage.py migrate"
-
-
 def readyz(request: HttpRequest) -> JsonResponse:
     checks: dict[str, str] = {}
     try:
@@ -96,7 +61,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
         checks["database"] = f"error: {exc.__class__.__name__}"
     if checks["database"] == "ok":
         try:
-            checks["database"] = _check_migrations()
+            checks["database"] = check_migrations()
         except Exception as exc:  # the migrations table unreadable: not ready either
             checks["database"] = f"error: cannot read the applied migrations ({exc.__class__.__name__})"
     if checks["database"] == "ok":

@@ -135,6 +135,56 @@ def test_i24_3_database_not_migrated(empty_database, argv):
     one_line_error(p, "is not migrated: run manage.py migrate")
 
 
+def test_i24_3_web_tier_on_a_database_not_migrated_answers_503_naming_migrate(empty_database, tmp_path):
+    """gunicorn started before `manage.py migrate`: every API request answers 503
+    COORDINATOR_UNAVAILABLE with Retry-After and the fix, never a 500 with a traceback; the
+    log says it in one throttled line, not one traceback per request."""
+    log = tmp_path / "gunicorn.log"
+    with running_gunicorn(log_file=log, DATABASE_URL=empty_database) as server:
+        headers = {"Authorization": "Bearer rsc_not_a_key"}
+        answers = [
+            httpx.post(f"{server.url}/api/v1/groups/g/heartbeat", headers=headers, timeout=10,
+                       json={"memberId": "m1", "memberEpoch": 0, "streamName": "s"})
+            for _ in range(5)
+        ] + [httpx.get(f"{server.url}/api/v1/groups/g", headers=headers, timeout=10)]
+        for r in answers:
+            assert r.status_code == 503, r.text
+            assert r.json()["errorCode"] == "COORDINATOR_UNAVAILABLE", r.text
+            assert "run manage.py migrate" in r.json()["errorMessage"], r.text
+            assert r.headers["Retry-After"]
+        r = httpx.get(f"{server.url}/readyz", timeout=10)
+        assert r.status_code == 503, r.text
+        assert "migrate" in r.json()["checks"]["database"], r.text
+    text = log.read_text()
+    assert "Traceback" not in text, text
+    lines = [line for line in text.splitlines() if "not migrated" in line]
+    # One line per worker per 10 s: two workers, six requests in well under 10 s.
+    assert 1 <= len(lines) <= 2, text
+    assert "run manage.py migrate" in lines[0], lines[0]
+
+
+def _database_error(sql: str) -> Exception:
+    from django.db import DatabaseError, transaction
+
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql)
+    except DatabaseError as exc:
+        return exc
+    raise AssertionError(f"{sql!r} did not fail")
+
+
+def test_i24_3_a_missing_column_in_a_migrated_database_is_a_bug_not_a_missing_migrate():
+    """A missing table is always a database not migrated (the code reads only tables its
+    migrations create); a missing column only while migrations are pending: in a fully
+    migrated database it is a bug, and keeps its 500 and traceback."""
+    from coordinator_project.migration_state import is_not_migrated
+
+    assert is_not_migrated(_database_error("SELECT 1 FROM rsc_no_such_table"))
+    assert not is_not_migrated(_database_error("SELECT no_such_column FROM groups_group"))
+    assert not is_not_migrated(_database_error("SELECT 1/0"))
+
+
 def test_i24_3_redis_unreachable_where_a_command_needs_it():
     create_stream("rd", 2)
     p = run([PYTHON, "manage.py", "reshard", "rd", "--shards", "3"],
@@ -260,14 +310,24 @@ def test_i24_3_web_tier_on_an_older_release_database_is_not_ready(older_release_
     """Every heartbeat would be a 500 there: /readyz answers 503 naming the fix, so a load
     balancer keeps the node out, and 200 once `manage.py migrate` ran (no restart)."""
     url, newer = older_release_database
+    made = run([PYTHON, "manage.py", "create_api_key", "--group", "upg"], env={"DATABASE_URL": url})
+    assert made.returncode == 0, made.stderr
+    headers = {"Authorization": f"Bearer {made.stdout.split()[-1]}"}
+    join = {"memberId": "m2", "memberEpoch": 0, "streamName": "up"}
     with running_gunicorn(DATABASE_URL=url) as server:
         r = httpx.get(f"{server.url}/readyz", timeout=10)
         assert r.status_code == 503, r.text
         assert f"members.{newer}" in r.json()["checks"]["database"]
         assert "run manage.py migrate" in r.json()["checks"]["database"]
+        # A join reads the member columns the older database lacks: 503 naming the fix, not 500.
+        r = httpx.post(f"{server.url}/api/v1/groups/upg/heartbeat", headers=headers, json=join, timeout=10)
+        assert r.status_code == 503, r.text
+        assert "run manage.py migrate" in r.json()["errorMessage"], r.text
         done = run([PYTHON, "manage.py", "migrate", "--noinput"], env={"DATABASE_URL": url}, timeout=300)
         assert done.returncode == 0, done.stderr
         r = httpx.get(f"{server.url}/readyz", timeout=10)
+        assert r.status_code == 200, r.text
+        r = httpx.post(f"{server.url}/api/v1/groups/upg/heartbeat", headers=headers, json=join, timeout=10)
         assert r.status_code == 200, r.text
 
 
