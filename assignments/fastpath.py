@@ -185,7 +185,35 @@ UPDATE {_M} AS m
 
 # One member's stamp written at once, with the same checks (a steady heartbeat whose report
 # may be new: R3 reads the last report from the row, on any host, with no batch in between).
-_STAMP_NOW_SQL = _STAMP_SQL + f" RETURNING m.{_c(MemberRow, 'id')}"
+# A row is returned when the member is STABLE at the stamp's epoch, whether or not the stamp
+# was written: a row holding a newer stamp (another request of the member, on this or
+# another process, stamped it since this one arrived) needs nothing from this one, which a
+# later heartbeat of the member would overwrite anyway. Sending that heartbeat to the locked
+# path instead raised state_version for nothing and so emptied every process's snapshot and
+# memo (issue 26.2: at 10,000 members ~40 such passes a second kept the steady path cold).
+# The UPDATE is a data-modifying CTE: it runs to completion though the SELECT does not read it.
+_STAMP_NOW_SQL = f"""
+WITH locked AS (
+    SELECT m.{_c(MemberRow, "id")} AS id, m.{_c(MemberRow, "member_epoch")} AS member_epoch
+      FROM {_M} AS m
+     WHERE m.{_c(MemberRow, "id")} = ANY(%(ids)s::bigint[])
+       AND m.{_c(MemberRow, "status")} {_SAME} %(stable)s                           -- R8/L1/L2: still STABLE
+       FOR NO KEY UPDATE
+), v AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(id bigint, ts timestamptz, owned jsonb, epoch integer)
+), stamped AS (
+    -- L1's last-seen and R3's last report (when sent), as the batch writes them.
+    UPDATE {_M} AS m
+       SET {_c(MemberRow, "last_heartbeat_at")} = v.ts,
+           {_c(MemberRow, "last_reported_owned")} = COALESCE(v.owned, m.{_c(MemberRow, "last_reported_owned")})
+      FROM v, locked
+     WHERE m.{_c(MemberRow, "id")} = v.id
+       AND m.{_c(MemberRow, "id")} = locked.id
+       AND m.{_c(MemberRow, "member_epoch")} = v.epoch                               -- R3: still that epoch
+       AND (m.{_c(MemberRow, "last_heartbeat_at")} IS NULL OR m.{_c(MemberRow, "last_heartbeat_at")} <= v.ts)  -- never back
+)
+SELECT locked.id FROM locked JOIN v ON v.id = locked.id AND v.epoch = locked.member_epoch
+"""
 
 _refreshed: ProcessCache[int, float] = PROCESS.own(
     "snapshot refresh times", ProcessCache(),
@@ -465,8 +493,8 @@ def _decide(group_pk: int, snap: snapshot_cache.Snapshot, req: HeartbeatRequest,
 
 
 def _stamp_now(steady: _Steady, now: datetime) -> bool:
-    """Write the member's stamp at once; False when the row is no longer STABLE at that epoch
-    (or holds a newer stamp): the caller lets the locked path answer."""
+    """Write the member's stamp at once (unless the row holds a newer one); False when the row
+    is no longer STABLE at that epoch: the caller lets the locked path answer."""
     rows = {steady.member_pk: (now, steady.report, steady.member_epoch)}
     params = {"rows": _stamp_rows(rows), "ids": "{" + str(steady.member_pk) + "}",
               "stable": MemberStatus.STABLE.value}

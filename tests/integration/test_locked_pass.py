@@ -553,6 +553,35 @@ def test_i23_4_a_steady_heartbeats_new_report_is_in_the_database_before_its_answ
         fastpath.STAMPS.stop()  # the next batch thread starts with the usual period
 
 
+def test_i26_2_a_steady_heartbeat_older_than_the_rows_stamp_is_answered_without_the_lock(hb: Hb, monkeypatch):
+    """Two requests of one member on two processes: the one that arrived first may stamp
+    second. Its row then holds the newer stamp, which is all the older request would write:
+    it is answered on the steady path, and moves neither last-seen back nor state_version (a
+    locked pass there emptied every process's snapshot: at 10,000 members the steady path
+    never warmed). A member no longer STABLE at that epoch still goes to the locked path."""
+    a = beat("a", 0)
+    fastpath.STAMPS.stop()
+    monkeypatch.setattr(fastpath, "STAMP_PERIOD", 60.0)
+    try:
+        arrived = timezone.now()
+        newer = arrived + timezone.timedelta(seconds=1)
+        Member.objects.filter(group__name="g1", member_id="a").update(last_heartbeat_at=newer)  # the other process's stamp
+        version = Group.objects.get(name="g1").state_version
+        req = HeartbeatRequest(member_id="a", member_epoch=a.member_epoch, metadata_epoch=1,
+                               owned_shards=a.assignment.assigned)
+        result = heartbeat_service("g1", req, arrived)
+        assert result.path == "fast"
+        assert result.response.assignment.assigned == a.assignment.assigned
+        assert Group.objects.get(name="g1").state_version == version
+        assert Member.objects.get(group__name="g1", member_id="a").last_heartbeat_at == newer
+        # A fence won meanwhile (the row is not STABLE at that epoch): the locked path decides.
+        Member.objects.filter(group__name="g1", member_id="a").update(member_epoch=a.member_epoch + 7)
+        again = HeartbeatRequest(member_id="a", member_epoch=a.member_epoch, metadata_epoch=1, owned_shards=())
+        assert heartbeat_service("g1", again, arrived).path != "fast"
+    finally:
+        fastpath.STAMPS.stop()
+
+
 def test_i26_2_a_slow_locked_pass_is_logged_with_its_parts(hb: Hb, monkeypatch, caplog):
     """Issue 26.2: a locked pass longer than SLOW_PASS_S is logged with where its time went
     (lock and load, core, save and commit), so a storm's stalls can be told apart from its

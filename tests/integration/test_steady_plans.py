@@ -142,6 +142,20 @@ def test_stamp_batch_reaches_members_by_primary_key_without_statistics(storm_wit
         assert _member_index_scans(plan) <= allowed, _member_index_scans(plan)
 
 
+def test_stamp_now_reaches_its_member_by_primary_key_without_statistics(storm_without_statistics):
+    """The one stamp a steady heartbeat with a new report writes before its answer (R3)."""
+    group, member = storm_without_statistics
+    allowed = _allowed_member_indexes()
+    rows = f'{{"id":{member.pk},"ts":"2026-01-01T00:00:00+00:00","epoch":1}}'
+    args = f"('{{{member.pk}}}', 'STABLE', '[{rows}]')"  # ids, stable, rows
+    for plan in _plans("stamp_now", fastpath._STAMP_NOW_SQL, args):
+        used = _member_index_scans(plan)
+        assert used, used
+        assert used <= allowed, used
+        assert not any(n.get("Relation Name") == Member._meta.db_table and n["Node Type"] == "Seq Scan"
+                       for n in _nodes(plan))
+
+
 def test_version_read_is_one_indexed_row(storm_without_statistics):
     group, _ = storm_without_statistics
     for plan in _plans("version", fastpath._VERSION_SQL, f"('{group.name}')"):
