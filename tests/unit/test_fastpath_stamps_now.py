@@ -7,13 +7,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from assignments.fastpath import _StampsNow
 
-T0 = datetime(2026, 12, 5, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 5, tzinfo=UTC)
 Rows = dict[int, tuple[datetime, str | None, int]]
 
 
