@@ -51,13 +51,13 @@ def test_i24_2_env_example_is_a_valid_env_file():
 
 def commented_defaults() -> dict[str, str]:
     """The `# NAME=value` lines of settings the coordinator reads, as an operator who
-    uncomments them gets them (the value ends at the first space; a note may follow).
-    Values written in terms of another setting (`${REDIS_URL}`) are not literal defaults."""
+    uncomments them gets them (a note on a setting is on the line above it; see
+    test_i24_2_a_commented_setting_uncommented_reads_as_its_value)."""
     names = read_names()
     found = {}
     for line in (ROOT / ".env.example").read_text().splitlines():
         m = re.match(r"#\s*([A-Z][A-Z0-9_]+)=(\S*)", line)
-        if m and m.group(1) in names and "${" not in m.group(2):
+        if m and m.group(1) in names:
             found[m.group(1)] = m.group(2)
     return found
 
@@ -103,3 +103,19 @@ def test_i24_2_env_example_shows_the_real_defaults() -> None:
     before_g, after_g = _gunicorn_config(plain).splitlines(), _gunicorn_config(uncommented).splitlines()
     differ_g = sorted(set(before_g) ^ set(after_g))
     assert not differ_g, f"gunicorn's config differs with .env.example's defaults set: {differ_g}"
+
+
+def test_i24_2_a_commented_setting_uncommented_reads_as_its_value() -> None:
+    """Uncommenting `# NAME=value` must set NAME to that value: the env file format (ours and
+    systemd's) takes everything after `=` and expands nothing, so a note after the value or a
+    `${REDIS_URL}` would become part of the setting."""
+    names = read_names()
+    wrong = []
+    for line in (ROOT / ".env.example").read_text().splitlines():
+        m = re.match(r"#\s*([A-Z][A-Z0-9_]+)=(.*)$", line)
+        if m and m.group(1) in names:
+            value = m.group(2).strip()
+            if " " in value or "${" in value or "$(" in value:
+                wrong.append(line)
+    assert not wrong, wrong
+
