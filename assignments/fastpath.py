@@ -183,27 +183,23 @@ UPDATE {_M} AS m
    AND (m.{_c(MemberRow, "last_heartbeat_at")} IS NULL OR m.{_c(MemberRow, "last_heartbeat_at")} <= v.ts)
 """
 
-# Stamps written at once, with the same checks (a steady heartbeat whose report may be new:
-# R3 reads the last report from the row, on any host, with no batch in between). Each row
-# comes back with whether the member is STABLE at the stamp's epoch, whether or not the stamp
-# was written: a row holding a newer stamp (another request of the member, on this or another
-# process, stamped it since this one arrived) needs nothing from this one, which a later
-# heartbeat of the member would overwrite anyway. Sending that heartbeat to the locked path
-# instead raised state_version for nothing and so emptied every process's snapshot and memo
-# (issue 26.2: at 10,000 members ~40 such passes a second kept the steady path cold).
+# One member's stamp written at once, with the same checks (a steady heartbeat whose report
+# may be new: R3 reads the last report from the row, on any host, with no batch in between).
+# A row is returned when the member is STABLE at the stamp's epoch, whether or not the stamp
+# was written: a row holding a newer stamp (another request of the member, on this or
+# another process, stamped it since this one arrived) needs nothing from this one, which a
+# later heartbeat of the member would overwrite anyway. Sending that heartbeat to the locked
+# path instead raised state_version for nothing and so emptied every process's snapshot and
+# memo (issue 26.2: at 10,000 members ~40 such passes a second kept the steady path cold).
 # The UPDATE is a data-modifying CTE: it runs to completion though the SELECT does not read it.
-# `{lock}`: FOR NO KEY UPDATE for one row (a row not returned is not STABLE); with SKIP LOCKED
-# for several (fastpath._StampsNow), so that a statement never waits for a row while holding
-# others (a locked pass writes members in its own order: waiting could close a cycle); a row
-# not returned is then undecided and written alone.
-_STAMP_NOW_TEMPLATE = f"""
+_STAMP_NOW_SQL = f"""
 WITH locked AS (
     SELECT m.{_c(MemberRow, "id")} AS id, m.{_c(MemberRow, "member_epoch")} AS member_epoch
       FROM {_M} AS m
      WHERE m.{_c(MemberRow, "id")} = ANY(%(ids)s::bigint[])
        AND m.{_c(MemberRow, "status")} {_SAME} %(stable)s                           -- R8/L1/L2: still STABLE
-     ORDER BY m.{_c(MemberRow, "id")}
-       {{lock}}
+     ORDER BY m.{_c(MemberRow, "id")}                                              -- as _STAMP_SQL: no deadlock
+       FOR NO KEY UPDATE
 ), v AS (
     SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(id bigint, ts timestamptz, owned jsonb, epoch integer)
 ), stamped AS (
@@ -217,10 +213,8 @@ WITH locked AS (
        AND m.{_c(MemberRow, "member_epoch")} = v.epoch                               -- R3: still that epoch
        AND (m.{_c(MemberRow, "last_heartbeat_at")} IS NULL OR m.{_c(MemberRow, "last_heartbeat_at")} <= v.ts)  -- never back
 )
-SELECT locked.id, v.epoch = locked.member_epoch FROM locked JOIN v ON v.id = locked.id
+SELECT locked.id FROM locked JOIN v ON v.id = locked.id AND v.epoch = locked.member_epoch
 """
-_STAMP_NOW_SQL = _STAMP_NOW_TEMPLATE.replace("{lock}", "FOR NO KEY UPDATE")
-_STAMP_NOW_SKIP_SQL = _STAMP_NOW_TEMPLATE.replace("{lock}", "FOR NO KEY UPDATE SKIP LOCKED")
 
 _refreshed: ProcessCache[int, float] = PROCESS.own(
     "snapshot refresh times", ProcessCache(),
@@ -519,17 +513,11 @@ def _stamp_now(steady: _Steady, now: datetime) -> bool:
     return written
 
 
-def _write_stamps_now(rows: dict[int, tuple[datetime, str | None, int]], wait: bool) -> dict[int, bool]:
-    """These members' stamps in one statement: member id -> whether it is STABLE at its
-    stamp's epoch. `wait`: for rows other transactions hold (every member decided); else
-    those are skipped and left out (undecided)."""
+def _write_stamps_now(rows: dict[int, tuple[datetime, str | None, int]]) -> set[int]:
+    """_STAMP_NOW_SQL for these members in one statement: the ids STABLE at their epochs."""
     params = {"rows": _stamp_rows(rows), "ids": "{" + ",".join(map(str, sorted(rows))) + "}",
               "stable": MemberStatus.STABLE.value}
-    found: dict[int, bool] = _liveness_query(_STAMP_NOW_SQL if wait else _STAMP_NOW_SKIP_SQL, params,
-                                             lambda cursor: dict(cursor.fetchall()))
-    if wait:
-        return {pk: found.get(pk, False) for pk in rows}
-    return found
+    return _liveness_query(_STAMP_NOW_SQL, params, lambda cursor: {row[0] for row in cursor.fetchall()})
 
 
 class _StampBatch:
@@ -540,9 +528,7 @@ class _StampBatch:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.rows: dict[int, tuple[datetime, str | None, int]] = {}
-        # Member id -> whether STABLE at its stamp's epoch; a member left out is undecided
-        # (its row was held by another transaction): its request writes it alone.
-        self.stable: dict[int, bool] = {}
+        self.stable: set[int] = set()  # the members STABLE at their stamps' epochs
         self.error: BaseException | None = None
         self.joined = 0  # requests that reached it, waiting for it (observability for tests)
 
@@ -555,17 +541,14 @@ class _StampsNow:
     members that is 20,000 single-row statements on two workers, each a round trip. Instead a
     stamp joins the batch that has not started yet; its leader waits for the batch being
     written, if any, while more join, or else (gevent) lets the worker's other ready requests
-    reach it first (one pass through them), as `_GroupReads` does with reads. Each request
-    still answers only after its own row is written, so R3 holds as with a statement of its own. Two
+    reach it first (one pass through them), as `_GroupReads` does with reads. Each request still answers
+    only after its own row is written, so R3 holds as with a statement of its own. Two
     requests of one member at one epoch in a batch: the newer stamp is written and counts for
-    both (a row holding a newer stamp needs nothing from an older one, see
-    _STAMP_NOW_TEMPLATE); at two epochs, the second waits for the next batch. A batch of
-    several rows skips those another transaction holds: it never waits holding others (no
-    cycle with a locked pass, which writes members in its own order), and one held row
-    delays no other stamp; each skipped stamp is then written alone, waiting for its row.
+    both (a row holding a newer stamp needs nothing from an older one, see _STAMP_NOW_SQL);
+    at two epochs, the second waits for the next batch.
     """
 
-    def __init__(self, write: Callable[[dict[int, tuple[datetime, str | None, int]], bool], dict[int, bool]]) -> None:
+    def __init__(self, write: Callable[[dict[int, tuple[datetime, str | None, int]]], set[int]]) -> None:
         self._write = write
         self.cooperative = False  # chosen at worker start (configure)
         self._lock = threading.Lock()
@@ -608,10 +591,7 @@ class _StampsNow:
                 continue  # its leader was dropped before it wrote: stamp again
             if batch.error is not None:
                 raise batch.error
-            decided = batch.stable.get(member_pk)
-            if decided is None:  # its row was held by another transaction: alone, waiting for it
-                decided = self._write({member_pk: batch.rows[member_pk]}, True).get(member_pk, False)
-            return decided
+            return member_pk in batch.stable
 
     def _lead(self, batch: _StampBatch) -> None:
         try:
@@ -638,8 +618,7 @@ class _StampsNow:
                 self._next = None  # started: later stamps make the next batch
             self._running = batch
         try:
-            # One row: wait for its lock (nothing else held). Several: skip held rows.
-            batch.stable = self._write(batch.rows, len(batch.rows) == 1)
+            batch.stable = self._write(batch.rows)
         except Exception as exc:  # every stamp of the batch sees the failure
             batch.error = exc
         except BaseException:  # dropped mid-write: whether it committed is unknown; write again

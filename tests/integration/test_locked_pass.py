@@ -582,28 +582,6 @@ def test_i26_2_a_steady_heartbeat_older_than_the_rows_stamp_is_answered_without_
         fastpath.STAMPS.stop()
 
 
-def test_i26_2_stamps_written_together_skip_a_row_another_transaction_holds(hb: Hb):
-    """Several stamps in one statement never wait for a row while holding others: a locked
-    pass writes members in its own order, so waiting could close a cycle with it (and would
-    delay every stamp of the statement). The held row is left undecided; alone, a stamp
-    waits for its row as before."""
-    make_group(stream="s-skip", group="skip")
-    make_group(stream="s-skip2", group="skip2")
-    a, a_epoch = _settled("skip", "a")
-    b, b_epoch = _settled("skip2", "b")
-    now = timezone.now()
-    table = Member._meta.db_table
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", [b])
-        started = time.monotonic()
-        decided = fastpath._write_stamps_now({a: (now, None, a_epoch), b: (now, None, b_epoch)}, False)
-        assert time.monotonic() - started < 2, "the statement waited for the held row"
-        assert decided == {a: True}
-    assert fastpath._write_stamps_now({b: (now, None, b_epoch)}, True) == {b: True}
-    assert fastpath._write_stamps_now({b: (now, None, b_epoch + 1)}, True) == {b: False}
-    assert set(Member.objects.filter(pk__in=[a, b]).values_list("last_heartbeat_at", flat=True)) == {now}
-
-
 def test_i26_2_a_slow_locked_pass_is_logged_with_its_parts(hb: Hb, monkeypatch, caplog):
     """Issue 26.2: a locked pass longer than SLOW_PASS_S is logged with where its time went
     (lock and load, core, save and commit), so a storm's stalls can be told apart from its

@@ -27,23 +27,19 @@ def _until(predicate: Callable[[], bool], what: str, seconds: float = 10) -> Non
 class _Database:
     """Each write records its rows, blocks until released, then answers the STABLE ones."""
 
-    def __init__(self, not_stable: frozenset[int] = frozenset(), fail: int = 0,
-                 held: frozenset[int] = frozenset()) -> None:
+    def __init__(self, not_stable: frozenset[int] = frozenset(), fail: int = 0) -> None:
         self.writes: list[Rows] = []
-        self.waited: list[bool] = []
-        self.release = [threading.Event() for _ in range(6)]
+        self.release = [threading.Event() for _ in range(5)]
         self.not_stable = not_stable
         self.fail = fail  # this write (1-based) fails as a database error would
-        self.held = held  # rows another transaction holds: a write that does not wait skips them
 
-    def write(self, rows: Rows, wait: bool) -> dict[int, bool]:
+    def write(self, rows: Rows) -> set[int]:
         self.writes.append(dict(rows))
-        self.waited.append(wait)
         number = len(self.writes)
         assert self.release[number - 1].wait(10)
         if number == self.fail:
             raise RuntimeError("connection lost")
-        return {pk: pk not in self.not_stable for pk in rows if wait or pk not in self.held}
+        return set(rows) - self.not_stable
 
 
 def _stamp(stamps: _StampsNow, pk: int, out: dict[int, object], at: datetime = T0,
@@ -76,27 +72,6 @@ def test_i26_2_stamps_arriving_during_a_write_share_the_next_one():
         t.join(10)
     assert [sorted(w) for w in db.writes] == [[10], [11, 12, 13]]  # three stamps, one statement
     assert out == {10: True, 11: True, 12: True, 13: False}  # 13: not STABLE at its epoch
-
-
-def test_i26_2_a_batch_skips_rows_others_hold_and_each_is_written_alone_waiting_for_it():
-    """A statement of several stamps never waits for a row while holding others (a locked
-    pass writes members in its own order: waiting could close a cycle): it skips held rows,
-    and each of those requests writes its stamp alone, waiting for the row. One row alone
-    waits at once."""
-    db = _Database(held=frozenset({12}), not_stable=frozenset({13}))
-    stamps = _StampsNow(db.write)
-    out: dict[int, object] = {}
-    first = _stamp(stamps, 10, out)
-    _until(lambda: len(db.writes) == 1, "the first write")
-    late = [_stamp(stamps, pk, out) for pk in (11, 12, 13)]
-    _until(lambda: stamps._next is not None and stamps._next.joined == 3, "three stamps to wait")
-    for event in db.release:
-        event.set()
-    for t in (first, *late):
-        t.join(10)
-    assert [sorted(w) for w in db.writes] == [[10], [11, 12, 13], [12]]
-    assert db.waited == [True, False, True]
-    assert out == {10: True, 11: True, 12: True, 13: False}
 
 
 def test_i26_2_a_failed_write_fails_every_stamp_of_its_batch_and_the_next_is_fresh():
@@ -169,14 +144,14 @@ def test_i26_2_stamps_sharing_a_write_whose_leader_is_dropped_stamp_again():
     calls: list[Rows] = []
     release = [threading.Event(), threading.Event()]
 
-    def write(rows: Rows, wait: bool) -> dict[int, bool]:
+    def write(rows: Rows) -> set[int]:
         calls.append(dict(rows))
         n = len(calls)
         if n <= 2:
             assert release[n - 1].wait(10)
         if n == 2:
             raise _Dropped
-        return dict.fromkeys(rows, True)
+        return set(rows)
 
     stamps = _StampsNow(write)
     out: dict[int, object] = {}
