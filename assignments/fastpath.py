@@ -530,7 +530,7 @@ class _StampBatch:
         self.rows: dict[int, tuple[datetime, str | None, int]] = {}
         self.stable: set[int] = set()  # the members STABLE at their stamps' epochs
         self.error: BaseException | None = None
-        self.joined = 0  # requests that reached it, waiting for it (observability for tests)
+        self.joined = 0  # requests using it (observability for tests)
 
 
 class _StampsNow:
@@ -543,9 +543,8 @@ class _StampsNow:
     written, if any, while more join, or else (gevent) lets the worker's other ready requests
     reach it first (one pass through them), as `_GroupReads` does with reads. Each request still answers
     only after its own row is written, so R3 holds as with a statement of its own. Two
-    requests of one member at one epoch in a batch: the newer stamp is written and counts for
-    both (a row holding a newer stamp needs nothing from an older one, see _STAMP_NOW_SQL);
-    at two epochs, the second waits for the next batch.
+    requests of one member in a batch: the newer stamp is written and counts for both (a
+    row holding a newer stamp needs nothing from an older one, see _STAMP_NOW_SQL).
     """
 
     def __init__(self, write: Callable[[dict[int, tuple[datetime, str | None, int]]], set[int]]) -> None:
@@ -573,16 +572,10 @@ class _StampsNow:
                 lead = batch is None
                 if batch is None:
                     batch = self._next = _StampBatch()
-                prev = batch.rows.get(member_pk)
-                # A stamp of the member at another epoch in this batch: the batch answers for
-                # one epoch per member, so this one waits for it and takes the next.
-                other_epoch = prev is not None and prev[2] != stamp[2]
                 batch.joined += 1
-                if not other_epoch and (prev is None or prev[0] <= stamp[0]):
+                prev = batch.rows.get(member_pk)
+                if prev is None or prev[0] <= stamp[0]:
                     batch.rows[member_pk] = stamp
-            if other_epoch:
-                waiting.wait(batch.done)
-                continue
             if lead:
                 self._lead(batch)
             else:

@@ -42,11 +42,10 @@ class _Database:
         return set(rows) - self.not_stable
 
 
-def _stamp(stamps: _StampsNow, pk: int, out: dict[int, object], at: datetime = T0,
-           epoch: int = 3) -> threading.Thread:
+def _stamp(stamps: _StampsNow, pk: int, out: dict[int, object], at: datetime = T0) -> threading.Thread:
     def run() -> None:
         try:
-            out[pk] = stamps.stamp(pk, (at, "[]", epoch))
+            out[pk] = stamps.stamp(pk, (at, "[]", 3))
         except BaseException as exc:  # the test reads what ended it
             out[pk] = exc
 
@@ -110,28 +109,6 @@ def test_i26_2_one_member_twice_in_a_batch_writes_its_newer_stamp_for_both():
         t.join(10)
     assert db.writes[1] == {7: (T0 + timedelta(seconds=1), "[]", 3)}
     assert out[7] is True
-
-
-def test_i26_2_one_member_at_two_epochs_is_written_in_two_batches():
-    """The batch answers whether each member is STABLE at its stamp's epoch: a stamp at an
-    older epoch (a retried request) must not be answered by the row at the newer one."""
-    db = _Database()
-    stamps = _StampsNow(db.write)
-    first = _stamp(stamps, 1, {})
-    _until(lambda: len(db.writes) == 1, "the first write")
-    newer, older = {}, {}
-    t_new = _stamp(stamps, 7, newer, epoch=4)
-    _until(lambda: stamps._next is not None and 7 in stamps._next.rows, "the epoch-4 stamp to wait")
-    t_old = _stamp(stamps, 7, older, epoch=3)
-    _until(lambda: stamps._next is not None and stamps._next.joined == 2, "the epoch-3 stamp to reach the batch")
-    assert stamps._next.rows == {7: (T0, "[]", 4)}  # it waits for the next one instead
-    for event in db.release:
-        event.set()
-    for t in (first, t_new, t_old):
-        t.join(10)
-    assert [w.get(7, (None, None, None))[2] for w in db.writes] == [None, 4, 3]
-    assert newer == {7: True}
-    assert older == {7: True}
 
 
 class _Dropped(BaseException):
