@@ -7,13 +7,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from assignments.fastpath import _StampsNow
 
-T0 = datetime(2026, 12, 5, tzinfo=UTC)
+T0 = datetime(2026, 12, 5, tzinfo=timezone.utc)
 Rows = dict[int, tuple[datetime, str | None, int]]
 
 
