@@ -198,7 +198,6 @@ WITH locked AS (
       FROM {_M} AS m
      WHERE m.{_c(MemberRow, "id")} = ANY(%(ids)s::bigint[])
        AND m.{_c(MemberRow, "status")} {_SAME} %(stable)s                           -- R8/L1/L2: still STABLE
-     ORDER BY m.{_c(MemberRow, "id")}                                              -- as _STAMP_SQL: no deadlock
        FOR NO KEY UPDATE
 ), v AS (
     SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(id bigint, ts timestamptz, owned jsonb, epoch integer)
@@ -230,23 +229,17 @@ def available() -> bool:
     return "liveness" in connections.databases and getattr(settings, "RSC_FAST_PATH", True)
 
 
-def _fetchone(cursor: Any) -> tuple | None:
-    return cursor.fetchone()
-
-
-def _liveness_query(sql: str, params: Sequence[Any] | Mapping[str, Any],
-                    fetch: Callable[[Any], Any] = _fetchone) -> Any:
-    """`fetch(cursor)` after `sql` on the liveness connection (by default its first row)."""
+def _liveness_query(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple | None:
     conn = connections["liveness"]
     # `pool`: PostgreSQL's wrapper has it (Django 5.1+; None unless DB_POOL), the only engine
     # with a liveness alias; django-stubs declares neither it nor the alias's engine.
     pool = conn.pool if not conn.in_atomic_block else None  # type: ignore[attr-defined]
     if pool is not None:  # gevent workers: a connection of the pool, given back at once
-        return _pooled_query(pool, sql, params, fetch)
+        return _pooled_query(pool, sql, params)
     try:
         with conn.cursor() as cursor:
             cursor.execute(sql, params)
-            return fetch(cursor)
+            return cursor.fetchone()
     except DatabaseError as exc:
         # No per-request health-check ping on this connection (a round trip per heartbeat),
         # and its statements are prepared (a migration can invalidate them): on any error
@@ -256,8 +249,7 @@ def _liveness_query(sql: str, params: Sequence[Any] | Mapping[str, Any],
         raise
 
 
-def _pooled_query(pool: Any, sql: str, params: Sequence[Any] | Mapping[str, Any],
-                  fetch: Callable[[Any], Any] = _fetchone) -> Any:
+def _pooled_query(pool: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple | None:
     """`_liveness_query` on a connection of the alias's pool itself (gevent workers), without
     Django's wrapper: its per-request connect (checkout, connection setup, a signal) and
     cursor wrapping were ~40 % of a group read's CPU, and a steady heartbeat's one read is the
@@ -268,7 +260,7 @@ def _pooled_query(pool: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]
     try:
         with pool.connection() as raw, raw.cursor() as cursor:
             cursor.execute(sql, params)
-            return fetch(cursor)
+            return cursor.fetchone()
     except psycopg.Error as exc:  # the pool drops a broken connection when it is given back
         log.warning("steady heartbeat path failed, using the locked path: %s", exc)
         raise DatabaseError(str(exc)) from exc
@@ -503,134 +495,17 @@ def _decide(group_pk: int, snap: snapshot_cache.Snapshot, req: HeartbeatRequest,
 def _stamp_now(steady: _Steady, now: datetime) -> bool:
     """Write the member's stamp at once (unless the row holds a newer one); False when the row
     is no longer STABLE at that epoch: the caller lets the locked path answer."""
+    rows = {steady.member_pk: (now, steady.report, steady.member_epoch)}
+    params = {"rows": _stamp_rows(rows), "ids": "{" + str(steady.member_pk) + "}",
+              "stable": MemberStatus.STABLE.value}
     try:
-        written = _STAMPS_NOW.stamp(steady.member_pk, (now, steady.report, steady.member_epoch))
+        written = _liveness_query(_STAMP_NOW_SQL, params) is not None
     except DatabaseError:  # logged; the batch writes it instead
         STAMPS.add(steady.member_pk, now, steady.report, steady.member_epoch)
         return True
     if written:
         STAMPS.written(steady.member_pk, now)
     return written
-
-
-def _write_stamps_now(rows: dict[int, tuple[datetime, str | None, int]]) -> set[int]:
-    """_STAMP_NOW_SQL for these members in one statement: the ids STABLE at their epochs."""
-    params = {"rows": _stamp_rows(rows), "ids": "{" + ",".join(map(str, sorted(rows))) + "}",
-              "stable": MemberStatus.STABLE.value}
-    return _liveness_query(_STAMP_NOW_SQL, params, lambda cursor: {row[0] for row in cursor.fetchall()})
-
-
-class _StampBatch:
-    """Stamps written by one statement, and its outcome for the requests that wait for it."""
-
-    __slots__ = ("done", "error", "joined", "rows", "stable")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.rows: dict[int, tuple[datetime, str | None, int]] = {}
-        self.stable: set[int] = set()  # the members STABLE at their stamps' epochs
-        self.error: BaseException | None = None
-        self.joined = 0  # requests using it (observability for tests)
-
-
-class _StampsNow:
-    """The stamps steady answers write before they go out, coalesced per process.
-
-    After a locked write every member's next steady answer on each process is a first
-    answer whose report may be new (R3), so it is written before the answer: at 10,000
-    members that is 20,000 single-row statements on two workers, each a round trip. Instead a
-    stamp joins the batch that has not started yet; its leader waits for the batch being
-    written, if any, while more join, or else (gevent) lets the worker's other ready requests
-    reach it first (one pass through them), as `_GroupReads` does with reads. Each request still answers
-    only after its own row is written, so R3 holds as with a statement of its own. Two
-    requests of one member in a batch: the newer stamp is written and counts for both (a
-    row holding a newer stamp needs nothing from an older one, see _STAMP_NOW_SQL).
-    """
-
-    def __init__(self, write: Callable[[dict[int, tuple[datetime, str | None, int]]], set[int]]) -> None:
-        self._write = write
-        self.cooperative = False  # chosen at worker start (configure)
-        self._lock = threading.Lock()
-        self._next: _StampBatch | None = None  # the batch not started yet (stamps join it)
-        self._running: _StampBatch | None = None  # the batch being written
-
-    def configure(self, *, cooperative: bool) -> None:
-        """At worker start (PROCESS.start): on gevent, a leader lets ready requests join first."""
-        self.cooperative = cooperative
-
-    def reset(self) -> None:
-        """Forget the batches (tests; a worker's start): their requests keep the batch they hold."""
-        with self._lock:
-            self._next = None
-            self._running = None
-
-    def stamp(self, member_pk: int, stamp: tuple[datetime, str | None, int]) -> bool:
-        """Whether the member is STABLE at the stamp's epoch once its batch is written."""
-        while True:
-            with self._lock:
-                batch = self._next
-                lead = batch is None
-                if batch is None:
-                    batch = self._next = _StampBatch()
-                batch.joined += 1
-                prev = batch.rows.get(member_pk)
-                if prev is None or prev[0] <= stamp[0]:
-                    batch.rows[member_pk] = stamp
-            if lead:
-                self._lead(batch)
-            else:
-                waiting.wait(batch.done)
-            if batch.error is _ABANDONED:
-                continue  # its leader was dropped before it wrote: stamp again
-            if batch.error is not None:
-                raise batch.error
-            return member_pk in batch.stable
-
-    def _lead(self, batch: _StampBatch) -> None:
-        try:
-            with self._lock:
-                running = self._running
-            if running is not None:
-                waiting.wait(running.done)  # stamps keep joining meanwhile; they share this write
-            elif self.cooperative:
-                seen = len(batch.rows)
-                for _ in range(3):  # again while that brought more
-                    time.sleep(0)
-                    if len(batch.rows) == seen:
-                        break
-                    seen = len(batch.rows)
-        except BaseException:  # dropped (the request deadline) before writing: others retry
-            with self._lock:
-                if self._next is batch:
-                    self._next = None
-            batch.error = _ABANDONED
-            batch.done.set()
-            raise
-        with self._lock:
-            if self._next is batch:
-                self._next = None  # started: later stamps make the next batch
-            self._running = batch
-        try:
-            batch.stable = self._write(batch.rows)
-        except Exception as exc:  # every stamp of the batch sees the failure
-            batch.error = exc
-        except BaseException:  # dropped mid-write: whether it committed is unknown; write again
-            batch.error = _ABANDONED
-            raise
-        finally:
-            with self._lock:
-                if self._running is batch:
-                    self._running = None
-            batch.done.set()
-
-
-_STAMPS_NOW: _StampsNow = PROCESS.own(
-    "coalesced stamps written before their answers", _StampsNow(_write_stamps_now),
-    "key: none (the one batch not started yet) -> member row id -> its stamp; bound: the"
-    " requests in flight in this worker; invalidated: each batch is written once, then"
-    " forgotten; N hosts: a write to the database, which every host reads.",
-    start=lambda process: _STAMPS_NOW.configure(cooperative=process.cooperative),
-)
 
 
 def _by_statement(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
