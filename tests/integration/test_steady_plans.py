@@ -144,7 +144,7 @@ def test_stamp_batch_reaches_members_by_primary_key_without_statistics(storm_wit
 
 def test_stamp_now_reaches_its_member_by_primary_key_without_statistics(storm_without_statistics):
     """The one stamp a steady heartbeat with a new report writes before its answer (R3)."""
-    group, member = storm_without_statistics
+    _group, member = storm_without_statistics
     allowed = _allowed_member_indexes()
     rows = f'{{"id":{member.pk},"ts":"2026-01-01T00:00:00+00:00","epoch":1}}'
     args = f"('{{{member.pk}}}', 'STABLE', '[{rows}]')"  # ids, stable, rows
