@@ -31,8 +31,9 @@ _not_migrated_lines = PROCESS.own(
 )
 
 
-def unavailable_response(exc: BaseException) -> JsonResponse:
-    if is_not_migrated(exc):
+def unavailable_response(exc: BaseException, *, not_migrated: bool = False) -> JsonResponse:
+    """The 503; `not_migrated`: the cause is this release's schema missing (`is_not_migrated`)."""
+    if not_migrated:
         held = _not_migrated_lines.allow("not-migrated")
         if held is not None:
             log.warning("database not migrated, answering 503: run manage.py migrate (%s: %s)%s",
@@ -63,8 +64,10 @@ class DatabaseUnavailableMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
-        if isinstance(exc, UNAVAILABLE_ERRORS) or is_not_migrated(exc):
-            return unavailable_response(exc)
+        # Decided once per request: for a missing column it reads the applied migrations.
+        not_migrated = is_not_migrated(exc)
+        if not_migrated or isinstance(exc, UNAVAILABLE_ERRORS):
+            return unavailable_response(exc, not_migrated=not_migrated)
         return None
 
 

@@ -35,16 +35,21 @@ _MIGRATIONS = PROCESS.own(
 )
 
 
-def check_migrations() -> str:
-    """A release started on a database migrated by an older one answers every heartbeat 500
-    until `manage.py migrate`: not ready (issue 24.3's not-migrated case, for the web tier)."""
-    if _MIGRATIONS.seen:
-        return "ok"
+def pending_migrations() -> list[str]:
+    """This release's migrations the default database has not applied ("app.name"), in order."""
     from django.db.migrations.executor import MigrationExecutor
 
     executor = MigrationExecutor(connection)
-    pending = [f"{m.app_label}.{m.name}" for m, backwards in
-               executor.migration_plan(executor.loader.graph.leaf_nodes()) if not backwards]
+    return [f"{m.app_label}.{m.name}" for m, backwards in
+            executor.migration_plan(executor.loader.graph.leaf_nodes()) if not backwards]
+
+
+def check_migrations() -> str:
+    """A release started on a database migrated by an older one answers every heartbeat 503
+    until `manage.py migrate`: not ready (issue 24.3's not-migrated case, for the web tier)."""
+    if _MIGRATIONS.seen:
+        return "ok"
+    pending = pending_migrations()
     if not pending:
         _MIGRATIONS.seen = True
         return "ok"
@@ -52,23 +57,28 @@ def check_migrations() -> str:
     return f"error: migrations of this release not applied ({pending[0]}{more}): run manage.py migrate"
 
 
-def _pending_migrations() -> bool:
-    try:
-        return check_migrations() != "ok"
-    except Exception:  # the migrations table unreadable too: nothing is migrated
-        return True
+def missing_schema(exc: BaseException) -> str | None:
+    """"table" or "column" when the database lacks one this code reads, else None. Only what
+    the error says: whether migrations are pending is `is_not_migrated`'s question."""
+    if not isinstance(exc, DatabaseError):
+        return None
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    sqlite = str(exc) if isinstance(exc, OperationalError) else ""
+    if sqlstate == _UNDEFINED_TABLE or sqlite.startswith("no such table"):
+        return "table"
+    if sqlstate == _UNDEFINED_COLUMN or sqlite.startswith("no such column") or "has no column named" in sqlite:
+        return "column"
+    return None
 
 
 def is_not_migrated(exc: BaseException) -> bool:
     """The error is this release's schema missing from the database: a table (always: the
     code only reads tables its migrations create), or a column while migrations are pending
     (a column missing from a fully migrated database is a bug, and keeps its 500)."""
-    if not isinstance(exc, DatabaseError):
-        return False
-    sqlstate = getattr(exc.__cause__, "sqlstate", None)
-    text = str(exc)
-    if sqlstate == _UNDEFINED_TABLE or (isinstance(exc, OperationalError) and text.startswith("no such table")):
+    kind = missing_schema(exc)
+    if kind != "column":
+        return kind == "table"
+    try:
+        return check_migrations() != "ok"
+    except Exception:  # the migrations table unreadable too: nothing is migrated
         return True
-    if sqlstate == _UNDEFINED_COLUMN or (isinstance(exc, OperationalError) and text.startswith("no such column")):
-        return _pending_migrations()
-    return False

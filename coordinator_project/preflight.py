@@ -162,9 +162,12 @@ def database_problem(exc: BaseException) -> str | None:
         name = missing_db.group(1)
         return (f"database {name!r} does not exist ({where}): create it (createdb {name}),"
                 " then run manage.py migrate")
-    if re.search(r'relation "[^"]+" does not exist|no such table', text):
+    from coordinator_project.migration_state import missing_schema
+
+    missing = missing_schema(exc)
+    if missing == "table":
         return f"the database {where} is not migrated: run manage.py migrate"
-    if re.search(r'column "?[\w.]+"? does not exist|no such column|has no column named', text):
+    if missing == "column":
         # Migrated by an older release (an upgrade without migrate). Only when migrations are
         # in fact unapplied: a column missing otherwise is a bug, and keeps its traceback.
         pending = _unapplied_migrations()
@@ -182,13 +185,11 @@ def _unapplied_migrations() -> list[str]:
     """The default database's migrations not applied yet ("app.name"), [] if unknown."""
     try:
         from django.db import connections
-        from django.db.migrations.executor import MigrationExecutor
 
-        connection = connections["default"]
-        connection.close()  # a fresh connection: the failed statement's may be unusable
-        executor = MigrationExecutor(connection)
-        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
-        return [f"{m.app_label}.{m.name}" for m, backwards in plan if not backwards]
+        from coordinator_project.migration_state import pending_migrations
+
+        connections["default"].close()  # a fresh connection: the failed statement's may be unusable
+        return pending_migrations()
     except Exception:
         return []
 

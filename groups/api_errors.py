@@ -13,7 +13,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from coordinator_project.compat.django import mark_logged
 from coordinator_project.logging import LogThrottle
-from coordinator_project.migration_state import is_not_migrated
+from coordinator_project.migration_state import missing_schema
 from coordinator_project.process_state import PROCESS
 from dataplane.protocol import ErrorCode
 from groups.api_parsers import PayloadTooLarge, payload_too_large
@@ -93,8 +93,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return response
     if isinstance(exc, exceptions.PermissionDenied):
         return Response(error_body(ErrorCode.AUTHORIZATION_FAILED, str(exc.detail)), 403)
-    if isinstance(exc, (OperationalError, InterfaceError)) or is_not_migrated(exc):
-        return None  # re-raised: coordinator_project.middleware answers 503 COORDINATOR_UNAVAILABLE
+    if isinstance(exc, (OperationalError, InterfaceError)) or missing_schema(exc):
+        # Re-raised: coordinator_project.middleware answers 503 COORDINATOR_UNAVAILABLE (and
+        # decides whether a missing column is a missing migrate or a bug, which keeps its 500).
+        return None
     handled = drf_exception_handler(exc, context)
     if handled is not None:
         code = ErrorCode.INVALID_REQUEST if handled.status_code < 500 else ErrorCode.INTERNAL_ERROR
