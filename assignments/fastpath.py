@@ -164,6 +164,12 @@ SELECT g.{_c(Group, "id")}, g.{_c(Group, "state_version")}, g.{_c(Group, "create
 # then never wait for each other in a cycle. The UPDATE alone locks them in whatever order its
 # plan reaches them: past ~100 rows the planner hashes the batch and walks the members in their
 # physical order, and two batches deadlocked (seen in the bench).
+# The stamps' rows and the clause that keeps a stamp from moving last-seen back (both
+# statements; their SET lists stay written out: tests/unit/test_one_writer.py reads them).
+_NEVER_BACK = (f"(m.{_c(MemberRow, 'last_heartbeat_at')} IS NULL"
+               f" OR m.{_c(MemberRow, 'last_heartbeat_at')} <= v.ts)")
+_STAMP_ROWS = "jsonb_to_recordset(%(rows)s::jsonb) AS v(id bigint, ts timestamptz, owned jsonb, epoch integer)"
+
 _STAMP_SQL = f"""
 WITH locked AS (
     SELECT m.{_c(MemberRow, "id")} AS id FROM {_M} AS m
@@ -175,12 +181,12 @@ WITH locked AS (
 UPDATE {_M} AS m
    SET {_c(MemberRow, "last_heartbeat_at")} = v.ts,
        {_c(MemberRow, "last_reported_owned")} = COALESCE(v.owned, m.{_c(MemberRow, "last_reported_owned")})
-  FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(id bigint, ts timestamptz, owned jsonb, epoch integer), locked
+  FROM {_STAMP_ROWS}, locked
  WHERE m.{_c(MemberRow, "id")} = v.id
    AND m.{_c(MemberRow, "id")} = locked.id
    AND m.{_c(MemberRow, "status")} {_SAME} %(stable)s
    AND m.{_c(MemberRow, "member_epoch")} = v.epoch
-   AND (m.{_c(MemberRow, "last_heartbeat_at")} IS NULL OR m.{_c(MemberRow, "last_heartbeat_at")} <= v.ts)
+   AND {_NEVER_BACK}
 """
 
 # One member's stamp written at once, with the same checks (a steady heartbeat whose report
@@ -200,7 +206,7 @@ WITH locked AS (
        AND m.{_c(MemberRow, "status")} {_SAME} %(stable)s                           -- R8/L1/L2: still STABLE
        FOR NO KEY UPDATE
 ), v AS (
-    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(id bigint, ts timestamptz, owned jsonb, epoch integer)
+    SELECT * FROM {_STAMP_ROWS}
 ), stamped AS (
     -- L1's last-seen and R3's last report (when sent), as the batch writes them.
     UPDATE {_M} AS m
@@ -210,7 +216,7 @@ WITH locked AS (
      WHERE m.{_c(MemberRow, "id")} = v.id
        AND m.{_c(MemberRow, "id")} = locked.id
        AND m.{_c(MemberRow, "member_epoch")} = v.epoch                               -- R3: still that epoch
-       AND (m.{_c(MemberRow, "last_heartbeat_at")} IS NULL OR m.{_c(MemberRow, "last_heartbeat_at")} <= v.ts)  -- never back
+       AND {_NEVER_BACK}
 )
 SELECT locked.id FROM locked JOIN v ON v.id = locked.id AND v.epoch = locked.member_epoch
 """
