@@ -23,6 +23,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from groups.models import Event, Group
 from members.models import Member
 from tests.integration.conftest import make_group
+from tests.redis_keys import delete_keys
 
 pytestmark = [
     pytest.mark.needs_postgres,
@@ -183,8 +184,7 @@ def _drop_keys(stream: str) -> None:
     from django.conf import settings
 
     r = redis.Redis.from_url(settings.STREAM_REDIS_URL)
-    for key in r.scan_iter(f"rsc*:{{{stream}:*"):
-        r.delete(key)
+    delete_keys(r, f"rsc*:{{{stream}:*")
     r.close()
 
 

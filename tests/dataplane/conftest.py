@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.redis_keys import delete_keys
+
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -42,9 +44,7 @@ def prefix(r: redis.Redis) -> Iterator[str]:
     """A key prefix no other test uses; its keys are deleted afterwards (never FLUSHALL)."""
     p = f"t-{uuid.uuid4().hex[:10]}"
     yield p
-    keys = list(r.scan_iter(match=f"{p}:*", count=1000))
-    if keys:
-        r.delete(*keys)
+    delete_keys(r, f"{p}:*")
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.01, what: str = "") -> None:

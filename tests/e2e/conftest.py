@@ -33,6 +33,7 @@ from groups.models import Shard
 from groups.services import create_api_key, create_group, create_stream
 from groups.sweeps import run_all_sweeps
 from tests.integration.conftest import LiveServer, _fresh_process_state, gunicorn_server  # noqa: F401
+from tests.redis_keys import delete_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -361,9 +362,7 @@ class World:
             p.close()
         prefix = getattr(self, "prefix", None)
         if prefix:
-            keys = list(self.r.scan_iter(match=f"{prefix}:*", count=1000))
-            for i in range(0, len(keys), 500):
-                self.r.delete(*keys[i:i + 500])
+            delete_keys(self.r, f"{prefix}:*")
 
 
 @pytest.fixture

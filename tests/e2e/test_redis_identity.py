@@ -23,6 +23,7 @@ import redis
 from dataplane import Consumer, RedisMismatchError, __version__
 from groups.models import Event
 from groups.namespace import identity_key, installation_id
+from tests.redis_keys import delete_keys
 
 from ..consumer_thread import run_consumer
 from .cli import run_cli
@@ -48,8 +49,7 @@ def wrong(world: World) -> Iterator[tuple[str, redis.Redis]]:
     yield url, client
     prefix = getattr(world, "prefix", None)
     if prefix:
-        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-            client.delete(key)
+        delete_keys(client, f"{prefix}:*")
     client.close()
 
 

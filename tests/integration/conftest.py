@@ -23,6 +23,7 @@ import assignments.fastpath  # noqa: F401 - its state is owned by PROCESS from i
 from coordinator_project.process_state import PROCESS
 from dataplane.routing import ShardKeys
 from groups.services import create_api_key, create_group, create_stream
+from tests.redis_keys import delete_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,8 +93,7 @@ def group_on_fresh_stream(prefix: str, group: str, shards: int = 4, **config: An
         yield make_group(stream, group.format(stream=stream), shards=shards, **config)
     finally:
         client = redis.Redis.from_url(settings.STREAM_REDIS_URL)
-        for key in client.scan_iter(f"rsc*:{{{stream}:*"):
-            client.delete(key)
+        delete_keys(client, f"rsc*:{{{stream}:*")
         client.close()
         shardstats.clear_cache()
 

@@ -24,6 +24,7 @@ from django.db import connections
 
 import groups.tasks  # noqa: F401  (registers the shared tasks before the app is finalised)
 import members.tasks  # noqa: F401
+from tests.redis_keys import delete_keys
 
 TICK_SECONDS = 0.3
 
@@ -34,8 +35,7 @@ def stream_redis() -> Iterator[redis.Redis]:
     database's own prefix, rsc-<id8>) removed after."""
     client = redis.Redis.from_url(settings.STREAM_REDIS_URL, decode_responses=True)
     yield client
-    for key in client.scan_iter("rsc*:{rs-*"):
-        client.delete(key)
+    delete_keys(client, "rsc*:{rs-*")
     client.close()
 
 
@@ -82,6 +82,5 @@ def celery_beat_worker(transactional_db: None) -> Iterator[CeleryRig]:
     finally:
         signals.task_postrun.disconnect(_close_thread_connections)
         client = redis.Redis.from_url(settings.REDIS_URL)
-        for key in client.scan_iter(f"*{queue}*"):
-            client.delete(key)
+        delete_keys(client, f"*{queue}*")
         client.close()

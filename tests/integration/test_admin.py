@@ -25,6 +25,7 @@ from coordination.model import HeartbeatRequest
 from groups.models import Event, Group, ShardVersion, Stream, StreamState, SweepRun
 from groups.services import ServiceError, update_group_config
 from members.models import Member
+from tests.redis_keys import delete_keys
 
 from .conftest import GroupFixture, Hb, make_group
 
@@ -360,8 +361,7 @@ def test_matrix_shows_granted_pending_revoking_and_grant_epochs(hb: Hb, orders: 
 def stream_redis() -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(settings.STREAM_REDIS_URL, decode_responses=True)
     yield client
-    for key in client.scan_iter("rsc*:{adm-*"):
-        client.delete(key)
+    delete_keys(client, "rsc*:{adm-*")
     client.close()
 
 

@@ -22,6 +22,7 @@ from groups.namespace import default_key_prefix
 from groups.resharding import start_reshard
 from groups.sweeps import run_all_sweeps
 from members.models import Member as MemberRow
+from tests.redis_keys import delete_keys
 
 from .conftest import ROOT, live_database_url
 from .test_resharding import Member, World
@@ -52,8 +53,7 @@ def leave(m: Member) -> None:
 def stream_redis() -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(settings.STREAM_REDIS_URL, decode_responses=True)
     yield client
-    for key in client.scan_iter("rsc*:{hk*", count=1000):
-        client.delete(key)
+    delete_keys(client, "rsc*:{hk*")
     client.close()
 
 

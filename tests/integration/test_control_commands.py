@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 
 from groups.models import Event, Group
 from groups.services import create_group, create_stream
+from tests.redis_keys import delete_keys
 
 from .conftest import Hb, make_group
 
@@ -112,8 +113,7 @@ def test_i24_5_a_group_deleted_without_purge_leaves_a_name_the_refusal_says_how_
         with pytest.raises(CommandError, match="group 'gr' exists: delete it with"):
             run("delete_group", "gr", "--stream", "reuse", "--purge-redis")
     finally:
-        for key in r.scan_iter(match=f"{fx.keys(fx.stream + ':1:0').stream.split(':')[0]}:*reuse*"):
-            r.delete(key)
+        delete_keys(r, f"{fx.keys(fx.stream + ':1:0').stream.split(':')[0]}:*reuse*")
         r.close()
 
 

@@ -26,6 +26,7 @@ from groups.models import Stream
 from groups.namespace import default_key_prefix, identity_key, installation_id, owner_key
 from groups.resharding import start_reshard
 from groups.services import ServiceError, create_group, create_stream
+from tests.redis_keys import delete_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db]
@@ -52,9 +53,7 @@ def stream_redis() -> Iterator[redis.Redis]:
     yield client
     ours = identity_key(default_key_prefix())  # other tests' members check it
     for pattern in ("rsc*:{ns-*", "ns-shared-prefix:*", "ns-id-prefix:*", "rsc-*:identity"):
-        for key in client.scan_iter(pattern, count=1000):
-            if key != ours:
-                client.delete(key)
+        delete_keys(client, pattern, keep=frozenset({ours}))
     client.close()
 
 

@@ -19,6 +19,7 @@ from groups import selectors, shardstats
 from groups.models import Group
 from groups.shardstats import read_shard_stats, shard_stats
 from tests.dataplane.conftest import cluster_url  # noqa: F401 - session fixture: a local cluster
+from tests.redis_keys import delete_keys
 
 from .conftest import GroupFixture, Hb, free_port
 
@@ -32,8 +33,7 @@ def r() -> Iterator[redis.Redis]:
     client.prefix = prefix  # type: ignore[attr-defined]
     shardstats.clear_cache()
     yield client
-    for key in client.scan_iter(f"{prefix}:*"):
-        client.delete(key)
+    delete_keys(client, f"{prefix}:*")
     shardstats.clear_cache()
     client.close()
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import redis
 
+from tests.redis_keys import delete_keys
+
 
 def installation_namespace(db: Path) -> str | None:
     """`rsc-<id8>` of the installation in that SQLite database, if it made one."""
@@ -23,6 +25,5 @@ def delete_namespace_keys(db: Path, redis_url: str) -> None:
     if not namespace:
         return
     client = redis.Redis.from_url(redis_url)
-    for key in client.scan_iter(f"{namespace}:*", count=1000):
-        client.delete(key)
+    delete_keys(client, f"{namespace}:*")
     client.close()
