@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -201,9 +202,12 @@ class LiveServer:
 
 
 @contextmanager
-def running_gunicorn(port: int | None = None, log_file: Path | None = None, **extra_env: str) -> Iterator[LiveServer]:
+def running_gunicorn(port: int | None = None, log_file: Path | None = None, quick_stop: bool = False,
+                     **extra_env: str) -> Iterator[LiveServer]:
     """Real gunicorn with the shipped config (2 gevent workers) on the test database (on
-    ``port``: a restart where clients already point; its output to ``log_file`` if given)."""
+    ``port``: a restart where clients already point; its output to ``log_file`` if given).
+    Stopped gracefully (SIGTERM: requests in progress finish), or with ``quick_stop`` at once
+    (SIGQUIT), where what is still queued is a flood nobody waits for."""
     port = port or free_port()
     env = {**os.environ, "DATABASE_URL": live_database_url(), "PYTHONUNBUFFERED": "1", **extra_env}
     log = log_file.open("ab") if log_file is not None else None
@@ -229,7 +233,7 @@ def running_gunicorn(port: int | None = None, log_file: Path | None = None, **ex
     try:
         yield LiveServer(url, proc)
     finally:
-        proc.terminate()
+        proc.send_signal(signal.SIGQUIT if quick_stop else signal.SIGTERM)
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
