@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.services import default_actor, update_group_config
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Change a consumer group's settings, with the same checks as the admin. Members pick the"
         " change up at their next heartbeat: the group's metadata epoch rises and they are sent the"

@@ -3,12 +3,13 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.retention import apply_retention
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Delete member tombstones (LEFT/EXPIRED/FENCED) silent longer than the retention age and "
         "the group's session timeout, and events older than the event retention; then, per group, "

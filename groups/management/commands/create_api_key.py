@@ -2,14 +2,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.models import KeyRole
 from groups.services import create_api_key
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Create an API key for a group (members), or for a stream: scope 'produce' (routing, the "
         "default) or 'admin' (routing and reshard). The key is printed last."

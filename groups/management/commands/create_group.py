@@ -2,13 +2,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.services import create_group
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Create a consumer group over a stream."
 
     def add_arguments(self, parser: CommandParser) -> None:

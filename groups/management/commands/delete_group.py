@@ -2,14 +2,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.housekeeping import delete_group, purge_deleted_group
 from groups.services import default_actor
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Delete a consumer group (refused while it has live members). Its Redis consumer groups and "
         "fence tokens stay unless --purge-redis; until they are gone the name cannot be used again. "

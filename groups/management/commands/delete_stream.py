@@ -2,14 +2,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.housekeeping import delete_stream
 from groups.services import default_actor
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Delete a stream (refused while it has groups). Its Redis keys stay unless --purge-redis; "
         "until they are gone the name cannot be used again."

@@ -5,7 +5,8 @@ hashes are stored) and the previous run's demo keys are revoked, so runs do not 
 The admin password is RSC_ADMIN_PASSWORD when set (make run keeps it in its env file, so it
 stays the same from run to run), else a new one. The demo's names (demo-orders, demo-billing) differ from the README's
 first example, so following the README beside a running demo collides with nothing.
-Prints them as one JSON object (scripts/run.py reads it).
+Prints them as one JSON object (scripts/run.py reads it). With --prepare it migrates and collects
+the static files first.
 """
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import secrets
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management import call_command
+from django.core.management.base import CommandError, CommandParser
 from django.db.models import Q
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.models import ApiKey, Group, Stream
 from groups.namespace import claim_prefix, default_key_prefix
@@ -26,15 +29,21 @@ from groups.services import create_api_key, create_group, create_stream, key_is_
 DEMO_KEY_NAMES = ("demo member", "demo producer")
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Create the demo stream/group/keys and an admin user; print them as JSON."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--stream", default="demo-orders")
         parser.add_argument("--group", default="demo-billing")
         parser.add_argument("--shards", type=int, default=4)
+        parser.add_argument("--prepare", action="store_true",
+                            help="first migrate and collect the static files, in this process (make run:"
+                                 " one start of Django instead of three)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        if opts["prepare"]:
+            call_command("migrate", interactive=False, verbosity=0)
+            call_command("collectstatic", interactive=False, verbosity=0)
         stream, group = opts["stream"], opts["group"]
         try:
             existing = Stream.objects.filter(name=stream).first()

@@ -5,9 +5,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from coordination.model import ShardState
+from coordinator_project.commands import OperatorCommand
 from groups.describe import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, describe_group
 from groups.models import Group, Stream
 
@@ -51,7 +52,7 @@ def summary(doc: dict[str, Any]) -> str:
             f"shards {doc['paging']['shards']}{f' ({shards})' if shards else ''}")
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Show a group's shards (owner, last-delivered ID, lag, pending, DLQ) and members; with --all"
         " or --stream S, every group (of that stream) one after the other."

@@ -3,13 +3,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.housekeeping import describe_stream
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Show a stream's state, its shard versions and each group's drain progress on sealed versions."
 
     def add_arguments(self, parser: CommandParser) -> None:

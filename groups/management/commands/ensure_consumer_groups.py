@@ -2,14 +2,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.models import Group
 from groups.services import ensure_consumer_groups
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Create the missing Redis consumer groups of every group (or one) on every live shard; "
         "existing ones are kept. The coordinator creates them with each group and shard version, "

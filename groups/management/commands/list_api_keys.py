@@ -2,13 +2,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 from django.utils import timezone
 
+from coordinator_project.commands import OperatorCommand
 from groups.services import api_key_rows, key_is_active
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "List API keys: prefix, scope, group/stream, created, last used, revoked/expires. Never the key."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -3,14 +3,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.housekeeping import list_groups
 from groups.management.commands.describe_group import table
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "List the consumer groups: stream, live members, epochs."
 
     def add_arguments(self, parser: CommandParser) -> None:

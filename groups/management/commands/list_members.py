@@ -4,13 +4,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.describe import MAX_PAGE_SIZE, describe_group
 from groups.management.commands.describe_group import member_rows, table
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "List a consumer group's live members: instance, client, epoch, shards, last heartbeat."
 
     def add_arguments(self, parser: CommandParser) -> None:

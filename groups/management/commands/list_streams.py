@@ -3,13 +3,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.housekeeping import list_streams
 from groups.management.commands.describe_group import table
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "List the streams: state, write version and its shard count, groups, key prefix."
 
     def add_arguments(self, parser: CommandParser) -> None:

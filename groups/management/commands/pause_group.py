@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.services import default_actor, pause_group
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Pause a consumer group: its members finish and acknowledge what they are handling, then"
         " read nothing (no new entries, no pending recovery) while they keep their shards and keep"

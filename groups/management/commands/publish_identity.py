@@ -2,13 +2,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.namespace import installation_id, publish_identity
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Write this installation's id to <keyPrefix>:identity in the stream Redis for every "
         "stream's key prefix (and the installation's default one). Members compare it with the "

@@ -2,14 +2,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.housekeeping import raise_epochs_after_restore
 from groups.services import default_actor
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "After restoring an older database: raise each group's epochs above the fence tokens its "
         "members left in Redis, so new grants are not refused (docs/OPERATING.md). Stop the members first."

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.positions import reset_position
 from groups.services import default_actor
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Set a group's last-delivered ID on its live shards (like kafka-consumer-groups --reset-offsets): "
         "XGROUP SETID, or XGROUP CREATE where the group has not read a shard yet. Applying it is "

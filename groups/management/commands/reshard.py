@@ -2,15 +2,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.models import Shard
 from groups.resharding import start_reshard
 from groups.services import default_actor
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Reshard a stream to N shards (PROTOCOL §6): creates version v+1 and moves the stream to "
         "PREPARING; the sweep (Celery beat or `manage.py sweep`) seals v and retires it once drained."

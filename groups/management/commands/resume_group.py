@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.services import default_actor, resume_group
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Resume a paused consumer group: its members read again from where they stopped, at their"
         " next heartbeat. (PROTOCOL §11)"

@@ -2,13 +2,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.services import KEY_CACHE_SECONDS, revoke_api_key
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = f"Revoke an API key by its prefix (see list_api_keys); every web worker refuses it within {KEY_CACHE_SECONDS:g} s."
 
     def add_arguments(self, parser: CommandParser) -> None:

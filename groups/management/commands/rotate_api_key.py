@@ -2,13 +2,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.services import rotate_api_key
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Replace an API key by a new one with the same scope. The old key stays valid for "
         "--grace-seconds (default 0: revoked now). The new key is printed last."

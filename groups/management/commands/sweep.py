@@ -3,12 +3,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.sweeps import LIVENESS, RESHARDING, run_all_sweeps
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Run one pass of all periodic work: session expiry (L1), rebalance timeout (L2) and resharding "
         "and print what it did. Safe beside Celery beat or another sweep."

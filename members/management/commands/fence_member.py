@@ -2,14 +2,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.services import default_actor
 from members.services import fence_member
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Fence a member: it is removed at once and its shards are released; its next heartbeat is"
         " refused (FENCED_MEMBER_EPOCH), it stops its shards and rejoins at once. A healthy member"

@@ -2,14 +2,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from coordinator_project.commands import OperatorCommand
 from groups.errors import ServiceError
 from groups.services import default_actor
 from members.services import remove_member
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Remove a member as if it had left: its shards are released and its next heartbeat "
         "gets UNKNOWN_MEMBER_ID (it must rejoin with memberEpoch 0)."
