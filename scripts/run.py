@@ -311,10 +311,8 @@ class Supervisor:
             var.mkdir(parents=True, exist_ok=True)
             self.ensure_redis()
             self.say(f"== database: {self.env.get('DATABASE_URL') or 'SQLite at ' + self.sqlite_path()}")
-            self.manage("migrate", "--noinput", "-v0")
-            self.manage("collectstatic", "--noinput", "-v0")
             self.write_env_file(var)
-            demo = json.loads(self.manage("demo_setup"))
+            demo = json.loads(self.manage("demo_setup", "--prepare"))  # migrate, collectstatic, the demo
             self.start_core(var)
             self.wait_for("the coordinator", self.coordinator_ready, self.args.ready_timeout)
             self.start_demo(demo)
