@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 # Sizes and their goals: members, shards, storm connections, storm goal (s), steady ratio goal.
 SCALES: dict[str, tuple[int, int, int, float, float]] = {
-    "1k": (1000, 4096, 0, 10, 0.75),
+    "1k": (1000, 4096, 0, 10, 0.85),  # issue 23's "still meets its goals": >= 0.85x, as at 10k
     "10k": (10_000, 16_384, 256, 30, 0.85),
 }
 SCALE = os.environ.get("BENCH_SCALE") or "1k"
@@ -606,10 +606,12 @@ def main() -> None:
               f"gunicorn workers: {workers} × {worker_class} (the ceiling runs on the same server);"
               f" {ROUNDS} rounds of heartbeat and ceiling side by side, each round's ratio its own")
         results = {"heartbeat right after the storm": side_by_side(url, "after the storm", key, f.name)}
-        naive = wrk(url, "/bench/naive", key, f.name)
-        show("naive (group row lock via ORM)", naive)
         analyze()
         results["heartbeat after ANALYZE"] = side_by_side(url, "after ANALYZE", key, f.name)
+        # The naive reference last: it rewrites member rows through the ORM for 10 s (dead
+        # tuples where autovacuum is off), so it runs after both measured phases, not between.
+        naive = wrk(url, "/bench/naive", key, f.name)
+        show("naive (group row lock via ORM)", naive)
         print("== ratios (same run; median of the rounds, each round's heartbeat against its own ceiling)")
         for label, fig in results.items():
             print(f"   {label}: {fig['ratio']:.2f}x the ceiling (goal >= {RATIO_GOAL}x; rounds "
