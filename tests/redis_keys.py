@@ -23,3 +23,16 @@ def delete_keys(client: Any, pattern: str, keep: frozenset[Any] = frozenset()) -
     if batch:
         deleted += client.unlink(*batch)
     return deleted
+
+
+def delete_stream_keys(stream: str) -> int:
+    """UNLINK the coordinator's keys of `stream` (shard streams, seal markers, fence tokens)
+    in the test's stream Redis, under any installation's prefix; how many went."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.STREAM_REDIS_URL)
+    try:
+        return delete_keys(client, f"rsc*:{{{stream}:*")
+    finally:
+        client.close()

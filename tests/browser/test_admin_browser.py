@@ -23,7 +23,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from groups.models import Event, Group
 from members.models import Member
 from tests.integration.conftest import make_group
-from tests.redis_keys import delete_keys
+from tests.redis_keys import delete_stream_keys
 
 pytestmark = [
     pytest.mark.needs_postgres,
@@ -179,15 +179,6 @@ def _backlog(stream: str, group: str) -> None:
     r.close()
 
 
-def _drop_keys(stream: str) -> None:
-    import redis
-    from django.conf import settings
-
-    r = redis.Redis.from_url(settings.STREAM_REDIS_URL)
-    delete_keys(r, f"rsc*:{{{stream}:*")
-    r.close()
-
-
 def test_operator_reads_backlog_on_dashboard_group_page_and_matrix_then_reshards(browser: Any, live_server: Any):
     from groups import shardstats
 
@@ -253,7 +244,7 @@ def test_operator_reads_backlog_on_dashboard_group_page_and_matrix_then_reshards
         assert "version_sealed" in browser.find_element(By.ID, "recent-events").text
         shoot(browser, "admin-reshard.png")
     finally:
-        _drop_keys("payments")
+        delete_stream_keys("payments")
         shardstats.clear_cache()
 
 

@@ -24,7 +24,7 @@ import assignments.fastpath  # noqa: F401 - its state is owned by PROCESS from i
 from coordinator_project.process_state import PROCESS
 from dataplane.routing import ShardKeys
 from groups.services import create_api_key, create_group, create_stream
-from tests.redis_keys import delete_keys
+from tests.redis_keys import delete_stream_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,8 +83,6 @@ def make_group(stream: str = "orders", group: str = "g1", shards: int = 4, **con
 def group_on_fresh_stream(prefix: str, group: str, shards: int = 4, **config: Any) -> Iterator[GroupFixture]:
     """A group on a uniquely named stream; afterwards its Redis keys and the per-process shard
     figures are dropped (no FLUSHDB: other tests share the Redis database)."""
-    import redis
-    from django.conf import settings
 
     from groups import shardstats
 
@@ -93,9 +91,7 @@ def group_on_fresh_stream(prefix: str, group: str, shards: int = 4, **config: An
     try:
         yield make_group(stream, group.format(stream=stream), shards=shards, **config)
     finally:
-        client = redis.Redis.from_url(settings.STREAM_REDIS_URL)
-        delete_keys(client, f"rsc*:{{{stream}:*")
-        client.close()
+        delete_stream_keys(stream)
         shardstats.clear_cache()
 
 

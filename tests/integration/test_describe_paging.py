@@ -23,7 +23,7 @@ from groups import shardstats
 from groups.describe import DEFAULT_PAGE_SIZE, describe_group
 from groups.models import Group
 from groups.services import create_api_key
-from tests.redis_keys import delete_keys
+from tests.redis_keys import delete_stream_keys
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
 
@@ -44,9 +44,7 @@ def _big_copy(django_db_blocker: Any) -> Iterator[list[str]]:
     with django_db_blocker.unblock(), connection.cursor() as cur:
         for table in copied:
             cur.execute(f'DROP TABLE IF EXISTS "{_COPY}{table}"')
-    client = redis.Redis.from_url(settings.STREAM_REDIS_URL)
-    delete_keys(client, "rsc*:{paged:*")  # its 16,384 shard streams, kept for the module's tests
-    client.close()
+    delete_stream_keys("paged")  # its 16,384 shard streams, kept for the module's tests
 
 
 @pytest.fixture

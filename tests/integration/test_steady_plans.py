@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 from django.conf import settings
 from django.db import connection
 from django.test import override_settings
@@ -25,7 +24,7 @@ from assignments import fastpath
 from assignments.models import ShardAssignment
 from groups.models import Group
 from members.models import Member
-from tests.redis_keys import delete_keys
+from tests.redis_keys import delete_stream_keys
 
 from .conftest import make_group
 
@@ -83,9 +82,7 @@ def storm_without_statistics(db: None) -> tuple[Group, Member]:
         cursor.execute(f"ANALYZE {tables}")  # the statistics of (nearly) empty tables
     with override_settings(MAX_SHARDS_PER_STREAM=SHARDS):
         fx = make_group(stream="plans", group="plans-g", shards=SHARDS)
-    client = redis.Redis.from_url(settings.STREAM_REDIS_URL)
-    delete_keys(client, "rsc*:{plans:*")  # these tests read the database only: no stream keys left behind
-    client.close()
+    delete_stream_keys("plans")  # these tests read the database only: no stream keys left behind
     group = Group.objects.get(name=fx.group)
     now = timezone.now()
     Member.objects.bulk_create(
