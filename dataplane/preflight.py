@@ -65,6 +65,7 @@ def coordinator_get(url: str, api_key: str | None, path: str, what: str) -> dict
     import httpx
 
     from . import __version__
+    from .transport import tls_context
 
     headers = {"Accept": "application/json", "User-Agent": f"rsc-dataplane/{__version__}"}
     if api_key:
@@ -75,7 +76,8 @@ def coordinator_get(url: str, api_key: str | None, path: str, what: str) -> dict
             base_url=url.rstrip("/"),
             headers=headers,
             timeout=httpx.Timeout(5.0, connect=2.0),
-            transport=httpx.HTTPTransport(retries=2),
+            transport=httpx.HTTPTransport(retries=2, verify=tls_context()),
+            verify=tls_context(),
         ) as client:
             resp = client.get(path)
     except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:

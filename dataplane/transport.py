@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import platform
+import ssl
 from typing import Any
 from urllib.parse import quote
 
@@ -17,6 +19,14 @@ log = logging.getLogger(__name__)
 
 # The coordinator records it per member (describe, admin): which library version each runs.
 USER_AGENT = f"rsc-dataplane/{__version__} python/{platform.python_version()}"
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """httpx's default TLS context (certifi's CA bundle, or SSL_CERT_FILE / SSL_CERT_DIR), built
+    once per process for every client the library makes: httpx builds one per client otherwise,
+    ~37 ms of CPU each to load the bundle, even for a plain-http coordinator."""
+    return httpx.create_ssl_context()
 
 
 class CoordinatorUnavailable(Exception):
@@ -58,7 +68,8 @@ class Transport:
             headers["Authorization"] = f"Bearer {api_key}"
         timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
         self._client = client or httpx.Client(
-            base_url=coordinator_url.rstrip("/"), headers=headers, timeout=timeout
+            base_url=coordinator_url.rstrip("/"), headers=headers, timeout=timeout,
+            verify=tls_context(),
         )
         self._attempts = max(1, attempts)
         self._backoff_base = backoff_base

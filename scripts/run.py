@@ -293,13 +293,16 @@ class Supervisor:
         """Our gunicorn answers /healthz with this run's id, and /readyz is green."""
         import httpx
 
+        # One TLS context for every poll: httpx.get builds one per call (~37 ms of CPU each).
+        from dataplane.transport import tls_context
+
         try:
-            health = httpx.get(f"{self.url}/healthz", timeout=1)
+            health = httpx.get(f"{self.url}/healthz", timeout=1, verify=tls_context())
             if health.status_code != 200:
                 return False
             if health.json().get("runId") != self.run_id:
                 raise CannotStart(f"another server answers at {self.url} (not the one started now)")
-            return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
+            return httpx.get(f"{self.url}/readyz", timeout=2, verify=tls_context()).status_code == 200
         except (httpx.HTTPError, ValueError):
             return False
 

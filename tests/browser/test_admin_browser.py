@@ -22,6 +22,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from groups.models import Event, Group
 from members.models import Member
+from tests import plain_http
 from tests.integration.conftest import make_group
 from tests.redis_keys import delete_stream_keys
 
@@ -57,7 +58,7 @@ class HttpMember:
         if self.epoch > 0:
             body.update(metadataEpoch=self.metadata_epoch, ownedShards=self.owned,
                         revokingShards=[{"shard": s, "state": "REVOKED"} for s in self.revoked])
-        r = httpx.post(self.url, json=body, headers=self.headers, timeout=10)
+        r = plain_http.post(self.url, json=body, headers=self.headers, timeout=10)
         if r.status_code == 200:
             out = r.json()
             a = out["assignment"]

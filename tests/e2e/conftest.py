@@ -32,7 +32,7 @@ from groups.describe import describe_group
 from groups.models import Shard
 from groups.services import create_api_key, create_group, create_stream
 from groups.sweeps import run_all_sweeps
-from tests.integration.conftest import LiveServer, _fresh_process_state, gunicorn_server  # noqa: F401
+from tests.integration.conftest import LiveServer, _fresh_process_state, one_worker_gunicorn  # noqa: F401
 from tests.redis_keys import delete_keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -377,8 +377,8 @@ def e2e_redis() -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def world(gunicorn_server: LiveServer, e2e_redis: redis.Redis, tmp_path: Path) -> Iterator[World]:  # noqa: F811
-    w = World(gunicorn_server, e2e_redis, tmp_path)
+def world(one_worker_gunicorn: LiveServer, e2e_redis: redis.Redis, tmp_path: Path) -> Iterator[World]:  # noqa: F811
+    w = World(one_worker_gunicorn, e2e_redis, tmp_path)
     try:
         yield w
     finally:

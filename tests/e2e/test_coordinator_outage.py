@@ -60,7 +60,7 @@ def test_i27_11_no_member_rejoins_after_a_coordinator_outage_longer_than_the_ses
              "every member's local session lapse", diag=world.diag)
     assert time.monotonic() - stopped_at >= SESSION_MS / 1000
 
-    with running_gunicorn(port=port, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus-2")):
+    with running_gunicorn(port=port, workers=1, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus-2")):
         restarted_at = timezone.now()
         # Before any sweep: each member's first answer decides (resumed, or rejoined), and
         # the sweeps start only once every member's heartbeat since the restart is recorded

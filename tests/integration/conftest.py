@@ -24,6 +24,7 @@ import assignments.fastpath  # noqa: F401 - its state is owned by PROCESS from i
 from coordinator_project.process_state import PROCESS
 from dataplane.routing import ShardKeys
 from groups.services import create_api_key, create_group, create_stream
+from tests import plain_http
 from tests.redis_keys import delete_stream_keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -199,16 +200,18 @@ class LiveServer:
 
 @contextmanager
 def running_gunicorn(port: int | None = None, log_file: Path | None = None, quick_stop: bool = False,
-                     **extra_env: str) -> Iterator[LiveServer]:
+                     workers: int = 2, **extra_env: str) -> Iterator[LiveServer]:
     """Real gunicorn with the shipped config (2 gevent workers) on the test database (on
     ``port``: a restart where clients already point; its output to ``log_file`` if given).
     Stopped gracefully (SIGTERM: requests in progress finish), or with ``quick_stop`` at once
-    (SIGQUIT), where what is still queued is a flood nobody waits for."""
+    (SIGQUIT), where what is still queued is a flood nobody waits for. ``workers=1`` where
+    nothing the test proves spans workers: a worker's start is ~0.8 CPU-s of loading Django,
+    and the suite is CPU-bound (docs/decisions/0019)."""
     port = port or free_port()
     env = {**os.environ, "DATABASE_URL": live_database_url(), "PYTHONUNBUFFERED": "1", **extra_env}
     log = log_file.open("ab") if log_file is not None else None
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-w", "2",
+        [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-w", str(workers),
          "-b", f"127.0.0.1:{port}", "--log-level", "warning", "coordinator_project.wsgi"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log is not None else None,
     )
@@ -218,7 +221,7 @@ def running_gunicorn(port: int | None = None, log_file: Path | None = None, quic
     deadline = time.monotonic() + 90
     while True:
         try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+            if plain_http.get(f"{url}/healthz", timeout=1).status_code == 200:
                 break
         except httpx.HTTPError:
             pass  # not listening yet
@@ -240,5 +243,14 @@ def running_gunicorn(port: int | None = None, log_file: Path | None = None, quic
 
 @pytest.fixture
 def gunicorn_server(transactional_db: None, tmp_path: Path) -> Iterator[LiveServer]:
+    """The shipped two workers: for what spans workers (R9 under concurrency, caches, slots)."""
     with running_gunicorn(PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus")) as server:
+        yield server
+
+
+@pytest.fixture
+def one_worker_gunicorn(transactional_db: None, tmp_path: Path) -> Iterator[LiveServer]:
+    """The shipped config with one worker: a coordinator for members and tools whose tests
+    prove nothing about several workers (the end-to-end scenarios)."""
+    with running_gunicorn(PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus"), workers=1) as server:
         yield server

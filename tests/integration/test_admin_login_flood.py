@@ -31,6 +31,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from dataplane.transport import Transport
+from tests import plain_http
 
 from .conftest import ROOT, make_group, running_gunicorn
 from .probes import p50_p99_ms, probe_heartbeats
@@ -63,7 +64,7 @@ def test_i27_2_login_flood_leaves_heartbeats_fast(transactional_db: None, tmp_pa
            "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
     # Quick stop: the logins still queued for a hashing thread when the test ends are not hashed.
     with running_gunicorn(quick_stop=True, **env) as server:
-        r = httpx.post(f"{server.url}/api/v1/groups/{fx.group}/heartbeat", json={"memberId": "probe", "memberEpoch": 0},
+        r = plain_http.post(f"{server.url}/api/v1/groups/{fx.group}/heartbeat", json={"memberId": "probe", "memberEpoch": 0},
                        headers={"Authorization": f"Bearer {fx.key}"}, timeout=10)
         epoch = r.json()["memberEpoch"]
         with Transport(server.url, fx.key) as transport:
@@ -123,10 +124,10 @@ def test_i27_2_operator_gate_refuses_admin_requests_beyond_its_turns_not_heartbe
            "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
     with running_gunicorn(**env) as server:
         headers = {"Authorization": f"Bearer {fx.key}"}
-        r = httpx.post(f"{server.url}/api/v1/groups/{fx.group}/heartbeat", json={"memberId": "p", "memberEpoch": 0},
+        r = plain_http.post(f"{server.url}/api/v1/groups/{fx.group}/heartbeat", json={"memberId": "p", "memberEpoch": 0},
                        headers=headers, timeout=10)
         epoch = r.json()["memberEpoch"]
-        clients = [httpx.Client(base_url=server.url, timeout=60) for _ in range(8)]
+        clients = [httpx.Client(verify=plain_http.TLS, base_url=server.url, timeout=60) for _ in range(8)]
         try:
             tokens = []
             for c in clients:
@@ -147,7 +148,7 @@ def test_i27_2_operator_gate_refuses_admin_requests_beyond_its_turns_not_heartbe
                 t.start()
             beats = []
             while any(t.is_alive() for t in threads):
-                hb = httpx.post(f"{server.url}/api/v1/groups/{fx.group}/heartbeat",
+                hb = plain_http.post(f"{server.url}/api/v1/groups/{fx.group}/heartbeat",
                                 json={"memberId": "p", "memberEpoch": epoch}, headers=headers, timeout=10)
                 beats.append(hb.status_code)
                 if hb.status_code == 200:

@@ -22,6 +22,7 @@ from rest_framework.test import APIClient
 from groups.models import ApiKey, Event, KeyRole
 from groups.ratelimit import _joins as join_buckets
 from groups.services import ServiceError, create_api_key, create_stream, resolve_api_key
+from tests import plain_http
 
 from .conftest import GroupFixture, running_gunicorn
 
@@ -164,7 +165,7 @@ def test_rotate_without_grace_revokes_the_old_key_at_once(api: APIClient, orders
 
 @pytest.mark.slow
 def test_revocation_reaches_every_gunicorn_worker_within_one_second(orders: GroupFixture, tmp_path):
-    with running_gunicorn(PROMETHEUS_MULTIPROC_DIR=str(tmp_path)) as server, httpx.Client(
+    with running_gunicorn(PROMETHEUS_MULTIPROC_DIR=str(tmp_path)) as server, httpx.Client(verify=plain_http.TLS,
         base_url=server.url, headers={"Authorization": f"Bearer {orders.stream_key}"}, timeout=5
     ) as http:
         url = f"/api/v1/streams/{orders.stream}/routing"

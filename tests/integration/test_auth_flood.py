@@ -16,6 +16,8 @@ import time
 import httpx
 import pytest
 
+from tests import plain_http
+
 from .conftest import make_group, running_gunicorn
 
 pytestmark = [
@@ -64,7 +66,7 @@ def test_i27_10_a_flood_of_random_keys_is_refused_without_lookups_while_members_
     fx = make_group("flood", "flood-g", shards=4)
     with running_gunicorn(log_file=tmp_path / "gunicorn.log", **env) as server:
         headers = {"Authorization": f"Bearer {fx.key}"}
-        with httpx.Client(base_url=server.url, timeout=10) as member:
+        with httpx.Client(verify=plain_http.TLS, base_url=server.url, timeout=10) as member:
             r = member.post(fx.url(), json={"memberId": "m", "memberEpoch": 0}, headers=headers).json()
             epoch = r["memberEpoch"]
             flood = subprocess.Popen([sys.executable, "-c", FLOOD, server.url, fx.url(), str(SECONDS),
@@ -116,7 +118,7 @@ def test_i27_10_a_first_burst_of_one_valid_key_from_one_address_is_not_throttled
 
         def one(i: int) -> tuple[int, str]:
             nonlocal sent
-            with httpx.Client(base_url=server.url, timeout=30) as c:
+            with httpx.Client(verify=plain_http.TLS, base_url=server.url, timeout=30) as c:
                 sent += 1
                 # An unknown member at a non-zero epoch: authenticated, then refused by the
                 # protocol (not a join, so the join rate limits stay out of it).

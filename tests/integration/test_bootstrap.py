@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import plain_http
+
 from .conftest import ROOT, FreshInstall, fresh_install
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.slow, pytest.mark.django_db]
@@ -56,7 +58,7 @@ def test_i24_2_the_documented_bootstrap_runs_as_printed(fresh: FreshInstall):
         while time.monotonic() < deadline and not (ready and swept):
             assert processes.poll() is None, processes.stderr.read() if processes.stderr else ""
             try:
-                ready = httpx.get(f"{fresh.url}/readyz", timeout=2).status_code == 200
+                ready = plain_http.get(f"{fresh.url}/readyz", timeout=2).status_code == 200
             except httpx.HTTPError:
                 ready = False
             row = fresh.sql("SELECT count(*) FROM groups_sweeprun WHERE last_finished_at IS NOT NULL")

@@ -34,6 +34,7 @@ import httpx
 import pytest
 
 from dataplane.transport import CoordinatorUnavailable, Transport
+from tests import plain_http
 
 from .conftest import make_group, poll, running_gunicorn
 from .probes import p50_p99_ms, probe_heartbeats
@@ -192,7 +193,7 @@ def test_i27_1_slow_body_and_idle_connections_beyond_the_slots_leave_heartbeats_
         port = int(server.url.rsplit(":", 1)[1])
         url = f"{server.url}/api/v1/groups/{fx.group}/heartbeat"
         headers = {"Authorization": f"Bearer {fx.key}"}
-        r = httpx.post(url, json={"memberId": "probe", "memberEpoch": 0}, headers=headers, timeout=10)
+        r = plain_http.post(url, json={"memberId": "probe", "memberEpoch": 0}, headers=headers, timeout=10)
         epoch = r.json()["memberEpoch"]
         with Transport(server.url, fx.key) as transport:  # for the report: this machine's noise
             alone = probe_heartbeats(transport, fx.group, epoch, 3.0, [])
@@ -305,7 +306,7 @@ def test_i27_1_a_newcomer_while_slow_bodies_hold_every_slot(transactional_db: No
                 assert queued > 0, "the stock worker's slots are full: the rest wait in the backlog"
             t0 = time.perf_counter()
             try:
-                r = httpx.post(f"{server.url}/api/v1/groups/{fx.group}/heartbeat",
+                r = plain_http.post(f"{server.url}/api/v1/groups/{fx.group}/heartbeat",
                                json={"memberId": "newcomer", "memberEpoch": 0},
                                headers={"Authorization": f"Bearer {fx.key}"}, timeout=STARVED_AFTER_S)
                 answered: float | None = time.perf_counter() - t0

@@ -16,6 +16,8 @@ import httpx
 import psycopg
 import pytest
 
+from tests import plain_http
+
 from .conftest import GroupFixture, LiveServer, live_database_url, make_group, running_gunicorn
 from .tcp_proxy import Mode, TcpProxy, tcp_proxy
 
@@ -36,7 +38,7 @@ def proxied(transactional_db: None, tmp_path: Path) -> Iterator[tuple[LiveServer
 def heartbeat(server: LiveServer, fx: GroupFixture, member: str, epoch: int = 0,
               timeout: float = 30) -> tuple[httpx.Response, float]:
     started = time.monotonic()
-    r = httpx.post(f"{server.url}/api/v1/groups/{fx.group}/heartbeat",
+    r = plain_http.post(f"{server.url}/api/v1/groups/{fx.group}/heartbeat",
                    json={"memberId": member, "memberEpoch": epoch},
                    headers={"Authorization": f"Bearer {fx.key}"}, timeout=timeout)
     return r, time.monotonic() - started
@@ -74,7 +76,7 @@ def test_i24_4_refused_database_answers_503_within_1s_and_recovers(proxied):
         timings.append(took)
     assert max(timings) < 1.0, timings
     started = time.monotonic()
-    ready = httpx.get(f"{server.url}/readyz", timeout=30)
+    ready = plain_http.get(f"{server.url}/readyz", timeout=30)
     assert ready.status_code == 503
     assert time.monotonic() - started < 1.0
     proxy.set_mode(Mode.PASS)
@@ -96,7 +98,7 @@ def test_i27_4_black_hole_database_answers_every_request_without_serialising_on_
     # the old per-key lookup lock made them fail one after another, 15 s apart.
     assert took < 12, f"100 requests on one key took {took:.1f} s"
     ready_started = time.monotonic()
-    assert httpx.get(f"{server.url}/readyz", timeout=30).status_code == 503
+    assert plain_http.get(f"{server.url}/readyz", timeout=30).status_code == 503
     assert time.monotonic() - ready_started < 4.0
 
 
@@ -107,7 +109,7 @@ def test_i27_4_frozen_connection_answers_503_and_the_dropped_request_is_never_ap
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         late = [pool.submit(heartbeat, server, fx, f"late{i}") for i in range(4)]
         ready_started = time.monotonic()
-        ready = httpx.get(f"{server.url}/readyz", timeout=30)
+        ready = plain_http.get(f"{server.url}/readyz", timeout=30)
         ready_took = time.monotonic() - ready_started
         answers = [f.result() for f in late]
     assert ready.status_code == 503

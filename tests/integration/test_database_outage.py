@@ -14,6 +14,8 @@ import httpx
 import psycopg
 import pytest
 
+from tests import plain_http
+
 from .conftest import live_database_url, make_group, running_gunicorn
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_postgres]
@@ -43,12 +45,12 @@ def test_wrong_database_answers_503_with_retry_after_and_readyz_names_it(db: Non
     # Each request waits for a pooled connection until DB_POOL_TIMEOUT, then answers 503: 2 s
     # here instead of the shipped 15 s (three requests; the next test checks the bound).
     with running_gunicorn(DATABASE_URL=missing, DB_POOL_TIMEOUT="2", PROMETHEUS_MULTIPROC_DIR=str(tmp_path)) as server:
-        r = httpx.post(f"{server.url}/api/v1/groups/g1/heartbeat", json=HEARTBEAT_BODY,
+        r = plain_http.post(f"{server.url}/api/v1/groups/g1/heartbeat", json=HEARTBEAT_BODY,
                        headers={"Authorization": "Bearer rsc_whatever"}, timeout=30)
         assert_unavailable(r)
-        assert_unavailable(httpx.get(f"{server.url}/api/v1/groups/g1",
+        assert_unavailable(plain_http.get(f"{server.url}/api/v1/groups/g1",
                                      headers={"Authorization": "Bearer rsc_whatever"}, timeout=30))
-        ready = httpx.get(f"{server.url}/readyz", timeout=30)
+        ready = plain_http.get(f"{server.url}/readyz", timeout=30)
         assert ready.status_code == 503
         assert ready.json()["status"] == "unavailable"
         assert ready.json()["checks"]["database"] == "error: OperationalError"
@@ -63,13 +65,13 @@ def test_database_that_never_answers_gives_503_within_the_connect_timeout(
     with running_gunicorn(DATABASE_URL=silent_database, DB_CONNECT_TIMEOUT="2", DB_POOL_TIMEOUT="4",
                           PROMETHEUS_MULTIPROC_DIR=str(tmp_path)) as server:
         started = time.monotonic()
-        r = httpx.post(f"{server.url}/api/v1/groups/g1/heartbeat", json=HEARTBEAT_BODY,
+        r = plain_http.post(f"{server.url}/api/v1/groups/g1/heartbeat", json=HEARTBEAT_BODY,
                        headers={"Authorization": "Bearer rsc_whatever"}, timeout=30)
         elapsed = time.monotonic() - started
         assert_unavailable(r)
         assert elapsed < 20, f"took {elapsed:.1f} s"  # DB_POOL_TIMEOUT, not a hang
         # /healthz does no I/O and the worker was not killed: it answers at once.
-        assert httpx.get(f"{server.url}/healthz", timeout=2).status_code == 200
+        assert plain_http.get(f"{server.url}/healthz", timeout=2).status_code == 200
 
 
 def test_statement_stuck_behind_a_lock_answers_503_after_the_statement_timeout(
@@ -83,12 +85,12 @@ def test_statement_stuck_behind_a_lock_answers_503_after_the_statement_timeout(
         # Another transaction holds the group's row lock (a stuck writer): the join waits on it.
         holder.execute("SELECT 1 FROM groups_group WHERE name = %s FOR UPDATE", (fx.group,))
         started = time.monotonic()
-        r = httpx.post(url, json=HEARTBEAT_BODY, headers=headers, timeout=30)
+        r = plain_http.post(url, json=HEARTBEAT_BODY, headers=headers, timeout=30)
         elapsed = time.monotonic() - started
         assert_unavailable(r)
         assert elapsed < 5, f"took {elapsed:.1f} s"
         holder.rollback()  # the lock is gone: the member's retry succeeds
-        r = httpx.post(url, json=HEARTBEAT_BODY, headers=headers, timeout=10)
+        r = plain_http.post(url, json=HEARTBEAT_BODY, headers=headers, timeout=10)
         assert r.status_code == 200
         assert r.json()["errorCode"] == "NONE"
 

@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from groups.services import create_api_key, create_group, create_stream
+from tests import plain_http
 
 from .conftest import ROOT, live_database_url, running_gunicorn
 
@@ -34,7 +35,7 @@ JOINS_PER_GROUP = 40
 
 def _join(url: str, group: str, key: str, member: str) -> int:
     try:
-        r = httpx.post(f"{url}/api/v1/groups/{group}/heartbeat", json={"memberId": member, "memberEpoch": 0},
+        r = plain_http.post(f"{url}/api/v1/groups/{group}/heartbeat", json={"memberId": member, "memberEpoch": 0},
                        headers={"Authorization": f"Bearer {key}"}, timeout=30)
     except httpx.HTTPError:
         return 0  # no answer at all: counted, never raised (the storm goes on)

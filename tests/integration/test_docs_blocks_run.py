@@ -28,6 +28,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import plain_http
+
 from .conftest import ROOT, FreshInstall, fresh_install, poll
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.slow]
@@ -82,7 +84,7 @@ class Stack:
         return out
 
     def members(self) -> list[dict]:
-        r = httpx.get(f"{self.url}/api/v1/groups/billing", headers={"Authorization": f"Bearer {self.keys['group']}"},
+        r = plain_http.get(f"{self.url}/api/v1/groups/billing", headers={"Authorization": f"Bearer {self.keys['group']}"},
                       timeout=5)
         return r.json().get("members", []) if r.status_code == 200 else []
 
@@ -139,7 +141,7 @@ def _stack(install: FreshInstall) -> Iterator[Stack]:
         while not up and time.monotonic() < deadline:
             assert web.poll() is None, web.stderr.read() if web.stderr else ""
             try:
-                up = httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+                up = plain_http.get(f"{url}/healthz", timeout=2).status_code == 200
             except httpx.HTTPError:
                 time.sleep(0.1)  # poll interval of a deadline loop
         assert up, "gunicorn never answered /healthz"
@@ -159,7 +161,7 @@ def test_i24_7_readme_blocks_run_as_printed(stack: Stack):
     assert [lang for lang, _ in blocks] == ["sh", "sh", "python"]
     stack.create()
     # A member for fence_member to fence (the block's m-7f3a).
-    r = httpx.post(f"{stack.url}/api/v1/groups/billing/heartbeat", json={"memberId": "m-7f3a", "memberEpoch": 0},
+    r = plain_http.post(f"{stack.url}/api/v1/groups/billing/heartbeat", json={"memberId": "m-7f3a", "memberEpoch": 0},
                    headers={"Authorization": f"Bearer {stack.keys['group']}"}, timeout=10)
     assert r.status_code == 200, r.text
     out = stack.sh(blocks[1][1])

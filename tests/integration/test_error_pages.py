@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from dataplane.protocol import JOIN_EPOCH
+from tests import plain_http
 
 from .conftest import LiveServer, make_group, running_gunicorn
 
@@ -79,7 +80,7 @@ def _assert_json_error(status: int, headers: dict[str, str], body: bytes, want: 
 
 def test_i27_10_unknown_urls_405_and_a_bad_host_answer_json_not_html(logged_server):
     server, _ = logged_server
-    with httpx.Client(base_url=server.url, timeout=10) as c:
+    with httpx.Client(verify=plain_http.TLS, base_url=server.url, timeout=10) as c:
         for path in ("/nope", "/api/v1/nope", "/api/v1/groups/g1/heartbeat/extra", "/api/schema/x"):
             r = c.get(path)
             doc = _assert_json_error(r.status_code, dict(r.headers), r.content, 404)
@@ -119,7 +120,7 @@ def test_i27_10_a_chunked_body_is_read_under_the_gevent_worker(logged_server):
         yield body[:10]
         yield body[10:]
 
-    with httpx.Client(base_url=server.url, timeout=10) as c:
+    with httpx.Client(verify=plain_http.TLS, base_url=server.url, timeout=10) as c:
         r = c.post(fx.url(), content=chunks(),
                    headers={"Authorization": f"Bearer {fx.key}", "Content-Type": "application/json"})
     assert r.request.headers.get("transfer-encoding") == "chunked"
@@ -162,7 +163,7 @@ def test_i27_10_a_thousand_refused_requests_of_each_kind_log_a_bounded_number_of
     fx = make_group("refusals", "refusals-g", shards=2)
     started = time.monotonic()
     joined = 0
-    with httpx.Client(base_url=server.url, timeout=10) as c:
+    with httpx.Client(verify=plain_http.TLS, base_url=server.url, timeout=10) as c:
         for i in range(REFUSALS):
             assert c.get(f"/nope-{i}").status_code == 404
             assert c.get("/healthz", headers={"Host": f"evil-{i}.example"}).status_code == 400

@@ -21,6 +21,7 @@ from groups.models import Event
 from groups.sweeps import run_liveness_sweep
 from members.models import IntakeBeacon
 from members.models import Member as MemberRow
+from tests import plain_http
 
 from .conftest import make_group, running_gunicorn
 from .test_resharding import Member
@@ -44,7 +45,7 @@ class HttpApi:
         self.base = ""
 
     def post(self, path: str, body: Any, format: str, HTTP_AUTHORIZATION: str) -> httpx.Response:
-        return httpx.post(self.base + path, json=body, headers={"Authorization": HTTP_AUTHORIZATION}, timeout=5)
+        return plain_http.post(self.base + path, json=body, headers={"Authorization": HTTP_AUTHORIZATION}, timeout=5)
 
 
 def _up_since_after(moment: datetime) -> datetime | None:

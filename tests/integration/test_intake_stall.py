@@ -27,6 +27,7 @@ from members.intake import beat_once, current_intake, stamp_beacon
 from members.models import IntakeBeacon
 from members.models import Member as MemberRow
 from members.services import sweep_liveness
+from tests import plain_http
 
 from .conftest import live_database_url, make_group, running_gunicorn
 from .test_intake_outage import HttpApi
@@ -151,7 +152,7 @@ def test_i27_3_a_table_lock_past_the_session_while_members_retry_expires_nobody(
             while time.monotonic() < end:  # every member retries all along
                 for m in members:
                     try:
-                        statuses.append(httpx.post(
+                        statuses.append(plain_http.post(
                             f"{server.url}/api/v1/groups/{fx.group}/heartbeat", json=_body(m),
                             headers={"Authorization": f"Bearer {fx.key}"}, timeout=5).status_code)
                     except httpx.TimeoutException:
@@ -200,7 +201,7 @@ def test_i27_3_a_heartbeat_dropped_at_its_request_deadline_counts_as_intake_outa
         with holder() as other:
             other.execute("SELECT 1 FROM groups_group WHERE name = %s FOR UPDATE", (fx.group,))
             locked = timezone.now()
-            r = httpx.post(f"{server.url}{fx.url()}", json={"memberId": "a", "memberEpoch": 0},
+            r = plain_http.post(f"{server.url}{fx.url()}", json={"memberId": "a", "memberEpoch": 0},
                            headers={"Authorization": f"Bearer {fx.key}"}, timeout=15)
             answered = timezone.now()
             assert r.status_code == 503, r.text

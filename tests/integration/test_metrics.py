@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
-import httpx
 import pytest
 from django.test import Client, override_settings
 from django.utils import timezone
@@ -23,6 +22,7 @@ from coordinator_project.logging import JsonFormatter
 from groups.models import SweepRun
 from groups.sweeps import run_all_sweeps
 from members.services import fence_member
+from tests import plain_http
 
 from .conftest import GroupFixture, Hb, free_port, make_group, running_gunicorn
 
@@ -245,7 +245,7 @@ def test_counters_are_summed_over_gunicorn_workers(gunicorn_with_config: tuple[s
     deadline = time.monotonic() + 20
     while len({p.name.rsplit("_", 1)[-1] for p in prom.glob("counter_*.db")}) < 2:
         assert time.monotonic() < deadline, "the second worker never answered"
-        r = httpx.post(f"{url}/api/v1/groups/g1/heartbeat", json={"memberId": f"m{sent}", "memberEpoch": 0},
+        r = plain_http.post(f"{url}/api/v1/groups/g1/heartbeat", json={"memberId": f"m{sent}", "memberEpoch": 0},
                        headers=headers, timeout=5)
         assert r.status_code == 200
         sent += 1
@@ -253,13 +253,13 @@ def test_counters_are_summed_over_gunicorn_workers(gunicorn_with_config: tuple[s
     # answers a scrape reports every worker's heartbeats.
     deadline = time.monotonic() + 10
     while True:
-        samples = scrape(httpx.get(f"{url}/metrics", timeout=5).text)
+        samples = scrape(plain_http.get(f"{url}/metrics", timeout=5).text)
         if value(samples, "rsc_heartbeat_latency_seconds_count") == sent:
             break
         assert time.monotonic() < deadline, (value(samples, "rsc_heartbeat_latency_seconds_count"), sent)
         time.sleep(0.05)
     for _ in range(6):  # whichever worker answers, it reports every worker's heartbeats
-        samples = scrape(httpx.get(f"{url}/metrics", timeout=5).text)
+        samples = scrape(plain_http.get(f"{url}/metrics", timeout=5).text)
         assert value(samples, "rsc_heartbeats_total", error_code="NONE", status="OK") + value(
             samples, "rsc_heartbeats_total", error_code="NONE", status="REVOKE_PENDING"
         ) == sent

@@ -42,6 +42,7 @@ import pytest
 from django.db import connections
 
 from groups.sweeps import run_all_sweeps
+from tests import plain_http
 
 from .conftest import ROOT, GroupFixture, free_port, group_on_fresh_stream, live_database_url, poll
 from .multi_host_member import Exchange, Hosts, SimMember, Timeline
@@ -79,7 +80,7 @@ class Host:
         deadline = time.monotonic() + 60
         while True:
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                if plain_http.get(f"{self.url}/healthz", timeout=1).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass  # not listening yet
@@ -389,7 +390,7 @@ def test_i23_8_three_hosts_keep_r9_and_epochs_and_converge_under_churn(hosts: li
                 t.start()
             # The director: a reshard through a random host's API, then a host restarted.
             assert poll(lambda: run.elapsed() >= RESHARD_AT, RESHARD_AT + 5, interval=0.1)
-            reshard = httpx.post(f"{random.choice(hosts).url}/api/v1/streams/{fx.stream}/reshard",
+            reshard = plain_http.post(f"{random.choice(hosts).url}/api/v1/streams/{fx.stream}/reshard",
                                  json={"shards": RESHARD_TO},
                                  headers={"Authorization": f"Bearer {fx.admin_key}"}, timeout=10)
             assert reshard.status_code == 202, reshard.text

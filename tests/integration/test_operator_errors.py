@@ -12,13 +12,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import psycopg
 import pytest
 from django.db import connection
 
 from groups.models import Group
 from groups.services import create_group, create_stream
+from tests import plain_http
 
 from .conftest import ROOT, live_database_url, poll, running_gunicorn
 
@@ -145,17 +145,17 @@ def test_i24_3_web_tier_on_a_database_not_migrated_answers_503_naming_migrate(em
         headers = {"Authorization": "Bearer rsc_not_a_key"}
         started = time.monotonic()
         answers = [
-            httpx.post(f"{server.url}/api/v1/groups/g/heartbeat", headers=headers, timeout=10,
+            plain_http.post(f"{server.url}/api/v1/groups/g/heartbeat", headers=headers, timeout=10,
                        json={"memberId": "m1", "memberEpoch": 0, "streamName": "s"})
             for _ in range(5)
-        ] + [httpx.get(f"{server.url}/api/v1/groups/g", headers=headers, timeout=10)]
+        ] + [plain_http.get(f"{server.url}/api/v1/groups/g", headers=headers, timeout=10)]
         elapsed = time.monotonic() - started
         for r in answers:
             assert r.status_code == 503, r.text
             assert r.json()["errorCode"] == "COORDINATOR_UNAVAILABLE", r.text
             assert "run manage.py migrate" in r.json()["errorMessage"], r.text
             assert r.headers["Retry-After"]
-        r = httpx.get(f"{server.url}/readyz", timeout=10)
+        r = plain_http.get(f"{server.url}/readyz", timeout=10)
         assert r.status_code == 503, r.text
         assert "migrate" in r.json()["checks"]["database"], r.text
     text = log.read_text()
@@ -320,20 +320,20 @@ def test_i24_3_web_tier_on_an_older_release_database_is_not_ready(older_release_
     assert made.returncode == 0, made.stderr
     headers = {"Authorization": f"Bearer {made.stdout.split()[-1]}"}
     join = {"memberId": "m2", "memberEpoch": 0, "streamName": "up"}
-    with running_gunicorn(DATABASE_URL=url) as server:
-        r = httpx.get(f"{server.url}/readyz", timeout=10)
+    with running_gunicorn(workers=1, DATABASE_URL=url) as server:
+        r = plain_http.get(f"{server.url}/readyz", timeout=10)
         assert r.status_code == 503, r.text
         assert f"members.{newer}" in r.json()["checks"]["database"]
         assert "run manage.py migrate" in r.json()["checks"]["database"]
         # A join reads the member columns the older database lacks: 503 naming the fix, not 500.
-        r = httpx.post(f"{server.url}/api/v1/groups/upg/heartbeat", headers=headers, json=join, timeout=10)
+        r = plain_http.post(f"{server.url}/api/v1/groups/upg/heartbeat", headers=headers, json=join, timeout=10)
         assert r.status_code == 503, r.text
         assert "run manage.py migrate" in r.json()["errorMessage"], r.text
         done = run([PYTHON, "manage.py", "migrate", "--noinput"], env={"DATABASE_URL": url}, timeout=300)
         assert done.returncode == 0, done.stderr
-        r = httpx.get(f"{server.url}/readyz", timeout=10)
+        r = plain_http.get(f"{server.url}/readyz", timeout=10)
         assert r.status_code == 200, r.text
-        r = httpx.post(f"{server.url}/api/v1/groups/upg/heartbeat", headers=headers, json=join, timeout=10)
+        r = plain_http.post(f"{server.url}/api/v1/groups/upg/heartbeat", headers=headers, json=join, timeout=10)
         assert r.status_code == 200, r.text
 
 

@@ -161,7 +161,7 @@ def test_i27_6_acl_roles_run_the_library_and_refuse_the_rest(
     assert sorted(g["name"] for g in admin.xinfo_groups(KEYS.stream)) == ["billing", "payments"]
     group_key, stream_key = create_api_key(group="billing"), create_api_key(stream="orders")
 
-    with running_gunicorn(STREAM_REDIS_URL=coordinator_url, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prom")) as server:
+    with running_gunicorn(workers=1, STREAM_REDIS_URL=coordinator_url, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prom")) as server:
         producer = Producer(server.url, "orders", stream_key, redis_url=url(port, "producer-orders", "producer-secret"))
         producer.send_many([(f"k{i}", {"n": str(i)}) for i in range(20)])
         assert admin.xlen(KEYS.stream) == 20
@@ -304,7 +304,7 @@ def test_i27_6_a_member_that_may_not_read_stops_loudly(port: int, admin: redis.R
     user, password = f"old-member-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     admin.execute_command("ACL", "SETUSER", user, "reset", *OLD_PRINTED_MEMBER.format(pw=password).split())
     try:
-        with running_gunicorn(PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prom")) as server:
+        with running_gunicorn(workers=1, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prom")) as server:
             producer = Producer(server.url, "orders", stream_key,
                                 redis_url=url(port, "producer-orders", "producer-secret"))
             producer.send_many([(f"k{i}", {"n": str(i)}) for i in range(5)])
@@ -343,7 +343,7 @@ def test_i27_6_a_missing_consumer_group_stops_the_member_and_ensure_consumer_gro
     create_group("billing", "orders", **GROUP_CONFIG)
     admin.xgroup_destroy(KEYS.stream, "billing")  # as an older coordinator left it
     group_key, stream_key = create_api_key(group="billing"), create_api_key(stream="orders")
-    with running_gunicorn(PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prom")) as server:
+    with running_gunicorn(workers=1, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prom")) as server:
         producer = Producer(server.url, "orders", stream_key, redis_url=url(port, "producer-orders", "producer-secret"))
         producer.send_many([(f"k{i}", {"n": str(i)}) for i in range(5)])
         member_url = url(port, "member-billing", "member-secret")

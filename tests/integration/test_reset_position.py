@@ -105,7 +105,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(fx: GroupFixture):
 
 
 def test_reset_applied_when_empty_then_a_consumer_starts_from_the_new_position(
-    fx: GroupFixture, gunicorn_server: LiveServer,
+    fx: GroupFixture, one_worker_gunicorn: LiveServer,
 ):
     r, k0, k1 = _entries(fx)
     r.xgroup_create(k0, fx.group, id="1008-0")  # it had read nearly everything
@@ -129,7 +129,7 @@ def test_reset_applied_when_empty_then_a_consumer_starts_from_the_new_position(
         with lock:
             seen.append((msg.shard, msg.id))
 
-    consumer = Consumer(gunicorn_server.url, fx.group, fx.key, handler, redis_url=settings.STREAM_REDIS_URL,
+    consumer = Consumer(one_worker_gunicorn.url, fx.group, fx.key, handler, redis_url=settings.STREAM_REDIS_URL,
                         member_id="after-reset", block_ms=100, workers=2)
     thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()

@@ -18,6 +18,7 @@ from django.core.management import call_command
 from django.db import connection, connections
 
 from groups.resharding import start_reshard
+from tests import plain_http
 
 from .conftest import LiveServer, live_database_url, make_group
 
@@ -31,7 +32,7 @@ def _joins(server: LiveServer, group: str, key: str, prefix: str) -> list[list[i
     """Each new member's join answer: the shard counts of the versions its metadata lists."""
     counts = []
     for i in range(PROBES):
-        with httpx.Client(base_url=server.url, timeout=10) as client:
+        with httpx.Client(verify=plain_http.TLS, base_url=server.url, timeout=10) as client:
             r = client.post(f"/api/v1/groups/{group}/heartbeat", headers={"Authorization": f"Bearer {key}"},
                             json={"memberId": f"{prefix}-{i}", "memberEpoch": 0})
         assert r.status_code == 200, r.text
@@ -42,7 +43,7 @@ def _joins(server: LiveServer, group: str, key: str, prefix: str) -> list[list[i
 def _routing(server: LiveServer, stream: str, key: str) -> list[list[int]]:
     counts = []
     for _ in range(PROBES):
-        with httpx.Client(base_url=server.url, timeout=10) as client:
+        with httpx.Client(verify=plain_http.TLS, base_url=server.url, timeout=10) as client:
             r = client.get(f"/api/v1/streams/{stream}/routing", headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 200, r.text
         counts.append([v["shardCount"] for v in r.json()["versions"]])

@@ -19,6 +19,8 @@ import time
 import httpx
 import pytest
 
+from tests import plain_http
+
 from .conftest import LiveServer, make_group
 
 pytestmark = [
@@ -115,7 +117,7 @@ def test_slow_clients_do_not_push_other_clients_heartbeat_p99_over_100ms(gunicor
     host, port = gunicorn_server.url.removeprefix("http://").split(":")
     url = f"{gunicorn_server.url}{fx.url()}"
     headers = {"Authorization": f"Bearer {fx.key}"}
-    with httpx.Client(timeout=TIMEOUT_S) as client:
+    with httpx.Client(verify=plain_http.TLS, timeout=TIMEOUT_S) as client:
         body = _join_and_settle(client, url, fx.key)
         alone = _heartbeats(client, url, body, headers, 5)  # for the report: this machine's noise
         with SlowClients(host, int(port), SLOW_CONNECTIONS) as slow:
