@@ -85,3 +85,15 @@ def test_i27_10_serve_api_schema_0_takes_the_schema_and_its_ui_out():
     off = manage("shell", "-c", probe, SERVE_API_SCHEMA="0", ALLOWED_HOSTS="testserver")
     assert off.returncode == 0, off.stderr
     assert off.stdout.split()[-3:] == ["404", "404", "200"]
+
+
+def test_operation_ids_are_the_published_ones_whether_or_not_the_schema_is_served():
+    # The prefix they leave out is stated (SCHEMA_PATH_PREFIX), not guessed from the paths the
+    # URLconf holds: without /api/schema/ (SERVE_API_SCHEMA=0) the guess was /api/v1/.
+    probe = ("import json; from drf_spectacular.generators import SchemaGenerator; "
+             "s = SchemaGenerator().get_schema(None, True); "
+             "print(json.dumps(s['paths']['/api/v1/groups/{group}/heartbeat']['post']['operationId']))")
+    for serve in ("1", "0"):
+        done = manage("shell", "-c", probe, SERVE_API_SCHEMA=serve)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.strip().splitlines()[-1]) == "v1_groups_heartbeat_create", serve
