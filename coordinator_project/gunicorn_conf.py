@@ -20,6 +20,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+# The app is loaded once, in the master, and each worker is a fork of it (preload_app): a
+# worker's start was ~0.8 CPU-s of importing Django and the app, paid again at every restart
+# of a worker; forked, it is ~0.1 CPU-s, and the loaded code's pages are shared. On gevent
+# workers the master then patches the standard library first, before anything imports it
+# (the app must bind to the cooperative socket, threading and time, as a worker's own load
+# did). PRELOAD_APP=0 loads the app in each worker instead, after its own patching.
+preload_app = os.environ.get("PRELOAD_APP", "1") != "0"
+if preload_app and "gevent" in os.environ.get("WORKER_CLASS", "gevent").lower():
+    from gevent import monkey
+
+    monkey.patch_all()
+
 # Issue 24.3: a missing SECRET_KEY or an unknown DATABASE_URL scheme stops the master with one
 # line, before any worker forks (each worker printed a 128-line traceback, forever).
 # preflight.py is loaded by its path, not as coordinator_project.preflight: importing the
@@ -45,7 +57,7 @@ bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # requests up to SQLite's busy timeout. PostgreSQL (psycopg) waits cooperatively.
 # Issue 27.1: the gevent worker with connection shedding, a per-address cap and JSON refusals
 # (webserver/worker.py). WORKER_CLASS=gevent is the stock one.
-worker_class = os.environ.get("WORKER_CLASS", "webserver.worker.GuardedGeventWorker")
+worker_class = os.environ.get("WORKER_CLASS", "webserver.worker.GuardedGeventWorker")  # (read above too)
 # Slots per worker. Every member keeps one connection: 2 workers x 3,500 carry the ~6,000
 # members a node is sized for (docs/OPERATING.md) with room for probes, producers and the
 # admin. Each slot is a file descriptor: the worker raises its soft limit below (LimitNOFILE).
@@ -83,6 +95,19 @@ def child_exit(server: Any, worker: Any) -> None:
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
+
+
+def pre_fork(server: Any, worker: Any) -> None:
+    """With the app loaded in the master: no database connection or pool crosses the fork
+    (loading opens none; this makes sure), and the loaded objects leave the collector's
+    generations before the fork (issue 11.4, below), so a collection in a worker never
+    touches, and so never copies, the pages it shares with the master."""
+    if not preload_app:
+        return
+    from coordinator_project.dbpool import close_pools
+
+    close_pools()
+    gc.freeze()
 
 
 def post_worker_init(worker: Any) -> None:
