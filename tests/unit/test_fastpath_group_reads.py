@@ -209,3 +209,40 @@ def test_i26_2_heartbeats_sharing_a_read_whose_leader_is_dropped_read_again():
     assert from_a == {"row": ("g", 1)}
     assert isinstance(from_b.get("error"), _Dropped)
     assert from_c == {"row": ("g", 3)}
+
+
+def test_i23_4_stamps_waiting_during_a_statement_share_the_next_and_each_sees_its_own_result():
+    """The synchronous stamps (`_SharedStamps`): a stamp that arrives while a statement runs is
+    written by the next one, which carries every stamp that was waiting, and each stamp's
+    caller learns whether its (member, epoch) was still STABLE."""
+    from assignments.fastpath import _SharedStamps
+
+    batches: list[dict] = []
+    release = [threading.Event() for _ in range(3)]
+
+    def write(rows: dict) -> frozenset:
+        batches.append(dict(rows))
+        assert release[len(batches) - 1].wait(10)
+        return frozenset((pk, epoch) for pk, (_, _, epoch) in rows.items() if pk != 3)  # 3 was fenced
+
+    stamps = _SharedStamps(write)
+    results: dict[int, bool] = {}
+
+    def stamp(pk: int, epoch: int) -> None:
+        results[pk] = (pk, epoch) in stamps.read("stamps", {pk: ("ts", None, epoch)})
+
+    first = threading.Thread(target=stamp, args=(1, 5))
+    first.start()
+    _until(lambda: len(batches) == 1, "the first statement to start")
+    late = [threading.Thread(target=stamp, args=(pk, 5)) for pk in (2, 3)]
+    for t in late:
+        t.start()
+    _until(lambda: "stamps" in stamps._next and len(stamps._next["stamps"].payload) == 2, "both to join the next")
+    release[0].set()
+    first.join(10)
+    _until(lambda: len(batches) == 2, "the next statement to start")
+    release[1].set()
+    for t in late:
+        t.join(10)
+    assert [sorted(b) for b in batches] == [[1], [2, 3]]  # one statement for the two waiting stamps
+    assert results == {1: True, 2: True, 3: False}
