@@ -204,7 +204,6 @@ WITH locked AS (
       FROM {_M} AS m
      WHERE m.{_c(MemberRow, "id")} = ANY(%(ids)s::bigint[])
        AND m.{_c(MemberRow, "status")} {_SAME} %(stable)s                           -- R8/L1/L2: still STABLE
-     ORDER BY m.{_c(MemberRow, "id")}                                               -- one lock order (see _STAMP_SQL)
        FOR NO KEY UPDATE
 ), v AS (
     SELECT * FROM {_STAMP_ROWS}
@@ -219,7 +218,7 @@ WITH locked AS (
        AND m.{_c(MemberRow, "member_epoch")} = v.epoch                               -- R3: still that epoch
        AND {_NEVER_BACK}
 )
-SELECT locked.id, v.epoch FROM locked JOIN v ON v.id = locked.id AND v.epoch = locked.member_epoch
+SELECT locked.id FROM locked JOIN v ON v.id = locked.id AND v.epoch = locked.member_epoch
 """
 
 _refreshed: ProcessCache[int, float] = PROCESS.own(
@@ -237,22 +236,16 @@ def available() -> bool:
 
 
 def _liveness_query(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple | None:
-    rows = _liveness_rows(sql, params, first=True)
-    return rows[0] if rows else None
-
-
-def _liveness_rows(sql: str, params: Sequence[Any] | Mapping[str, Any], *, first: bool = False) -> list[tuple]:
-    """The statement's rows (only the first if `first`) on the liveness connection."""
     conn = connections["liveness"]
     # `pool`: PostgreSQL's wrapper has it (Django 5.1+; None unless DB_POOL), the only engine
     # with a liveness alias; django-stubs declares neither it nor the alias's engine.
     pool = conn.pool if not conn.in_atomic_block else None  # type: ignore[attr-defined]
     if pool is not None:  # gevent workers: a connection of the pool, given back at once
-        return _pooled_query(pool, sql, params, first)
+        return _pooled_query(pool, sql, params)
     try:
         with conn.cursor() as cursor:
             cursor.execute(sql, params)
-            return _fetch(cursor, first)
+            return cursor.fetchone()
     except DatabaseError as exc:
         # No per-request health-check ping on this connection (a round trip per heartbeat),
         # and its statements are prepared (a migration can invalidate them): on any error
@@ -262,14 +255,7 @@ def _liveness_rows(sql: str, params: Sequence[Any] | Mapping[str, Any], *, first
         raise
 
 
-def _fetch(cursor: Any, first: bool) -> list[tuple]:
-    if first:
-        row = cursor.fetchone()
-        return [] if row is None else [row]
-    return cursor.fetchall()
-
-
-def _pooled_query(pool: Any, sql: str, params: Sequence[Any] | Mapping[str, Any], first: bool) -> list[tuple]:
+def _pooled_query(pool: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple | None:
     """`_liveness_query` on a connection of the alias's pool itself (gevent workers), without
     Django's wrapper: its per-request connect (checkout, connection setup, a signal) and
     cursor wrapping were ~40 % of a group read's CPU, and a steady heartbeat's one read is the
@@ -280,7 +266,7 @@ def _pooled_query(pool: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]
     try:
         with pool.connection() as raw, raw.cursor() as cursor:
             cursor.execute(sql, params)
-            return _fetch(cursor, first)
+            return cursor.fetchone()
     except psycopg.Error as exc:  # the pool drops a broken connection when it is given back
         log.warning("steady heartbeat path failed, using the locked path: %s", exc)
         raise DatabaseError(str(exc)) from exc
@@ -289,12 +275,11 @@ def _pooled_query(pool: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]
 class _Read:
     """One read of a group's row, shared by every heartbeat that joined it before it started."""
 
-    __slots__ = ("done", "error", "joined", "payload", "row")
+    __slots__ = ("done", "error", "joined", "row")
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.payload: dict[Any, Any] = {}  # what the heartbeats that joined it bring (_SharedStamps)
-        self.row: Any = None
+        self.row: tuple | None = None
         self.error: Exception | None = None
         self.joined = 1  # heartbeats using it (observability for tests)
 
@@ -333,7 +318,7 @@ class _GroupReads:
             self._next.clear()
             self._running.clear()
 
-    def read(self, group: str, payload: Mapping[Any, Any] | None = None) -> Any:
+    def read(self, group: str) -> tuple | None:
         while True:
             with self._lock:
                 read = self._next.get(group)
@@ -342,8 +327,6 @@ class _GroupReads:
                     read = self._next[group] = _Read()
                 else:
                     read.joined += 1
-                if payload:
-                    read.payload.update(payload)  # under the lock: before the read can start
             if not lead:
                 waiting.wait(read.done)
             else:
@@ -387,7 +370,7 @@ class _GroupReads:
                 del self._next[group]  # started: a heartbeat arriving from now on waits for the next
             self._running[group] = read
         try:
-            read.row = self._run(group, read)
+            read.row = self._fetch(group)
         except Exception as exc:  # every heartbeat that shared the read sees its failure
             read.error = exc
         except BaseException:  # the leader was dropped mid-read: the others read again
@@ -398,28 +381,6 @@ class _GroupReads:
                 if self._running.get(group) is read:
                     del self._running[group]
             read.done.set()
-
-    def _run(self, group: str, read: _Read) -> Any:
-        return self._fetch(group)
-
-
-class _SharedStamps(_GroupReads):
-    """Stamps that must reach the database before their answers go out (`_stamp_now`), shared
-    like the group reads: a stamp joins the next statement if it has not started, else waits
-    for the running one and joins (or starts) the next, so each is written by a statement that
-    started after it arrived, and one statement carries every stamp that was ready. After a
-    join storm each member's first steady answer on each worker writes its report (issue
-    23.4): one statement per heartbeat made the first round after a 10,000-member storm half
-    as fast as the next ones. The result: the (member id, epoch) pairs still STABLE at that
-    epoch, whether or not the row held a newer stamp."""
-
-    def __init__(self, write: Callable[[dict[int, tuple[datetime, str | None, int]]], frozenset[tuple[int, int]]],
-                 *, cooperative: bool = False) -> None:
-        super().__init__(lambda _key: None, cooperative=cooperative)
-        self._write = write
-
-    def _run(self, group: str, read: _Read) -> frozenset[tuple[int, int]]:
-        return self._write(read.payload)
 
 
 _GROUP_READS: _GroupReads = PROCESS.own(
@@ -538,33 +499,19 @@ def _decide(group_pk: int, snap: snapshot_cache.Snapshot, req: HeartbeatRequest,
 
 
 def _stamp_now(steady: _Steady, now: datetime) -> bool:
-    """Write the member's stamp at once (unless the row holds a newer one), in the next shared
-    statement; False when the row is no longer STABLE at that epoch (or another request of the
-    member put another epoch in the same statement): the caller lets the locked path answer."""
+    """Write the member's stamp at once (unless the row holds a newer one); False when the row
+    is no longer STABLE at that epoch: the caller lets the locked path answer."""
+    rows = {steady.member_pk: (now, steady.report, steady.member_epoch)}
+    params = {"rows": _stamp_rows(rows), "ids": "{" + str(steady.member_pk) + "}",
+              "stable": MemberStatus.STABLE.value}
     try:
-        stable = _SHARED_STAMPS.read("stamps", {steady.member_pk: (now, steady.report, steady.member_epoch)})
+        written = _liveness_query(_STAMP_NOW_SQL, params) is not None
     except DatabaseError:  # logged; the batch writes it instead
         STAMPS.add(steady.member_pk, now, steady.report, steady.member_epoch)
         return True
-    written = (steady.member_pk, steady.member_epoch) in stable
     if written:
         STAMPS.written(steady.member_pk, now)
     return written
-
-
-def _write_stamps_now(rows: dict[int, tuple[datetime, str | None, int]]) -> frozenset[tuple[int, int]]:
-    params = {"rows": _stamp_rows(rows), "ids": "{" + ",".join(map(str, rows)) + "}",
-              "stable": MemberStatus.STABLE.value}
-    return frozenset((pk, epoch) for pk, epoch in _liveness_rows(_STAMP_NOW_SQL, params))
-
-
-_SHARED_STAMPS: _SharedStamps = PROCESS.own(
-    "shared synchronous stamps", _SharedStamps(_write_stamps_now),
-    "key: one per process -> the statement of stamps not started yet and the one in flight;"
-    " bound: the heartbeats waiting on them; invalidated: each statement is used once, by the"
-    " stamps that joined it before it started; N hosts: it writes the database before answering.",
-    start=lambda process: _SHARED_STAMPS.configure(cooperative=process.cooperative),
-)
 
 
 def _by_statement(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:
