@@ -26,8 +26,9 @@ from typing import Any
 # workers the master then patches the standard library first, before anything imports it
 # (the app must bind to the cooperative socket, threading and time, as a worker's own load
 # did). PRELOAD_APP=0 loads the app in each worker instead, after its own patching.
+_WORKER_CLASS = os.environ.get("WORKER_CLASS", "webserver.worker.GuardedGeventWorker")  # see worker_class
 preload_app = os.environ.get("PRELOAD_APP", "1") != "0"
-if preload_app and "gevent" in os.environ.get("WORKER_CLASS", "gevent").lower():
+if preload_app and "gevent" in _WORKER_CLASS.lower():
     from gevent import monkey
 
     monkey.patch_all()
@@ -57,7 +58,7 @@ bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # requests up to SQLite's busy timeout. PostgreSQL (psycopg) waits cooperatively.
 # Issue 27.1: the gevent worker with connection shedding, a per-address cap and JSON refusals
 # (webserver/worker.py). WORKER_CLASS=gevent is the stock one.
-worker_class = os.environ.get("WORKER_CLASS", "webserver.worker.GuardedGeventWorker")  # (read above too)
+worker_class = _WORKER_CLASS
 # Slots per worker. Every member keeps one connection: 2 workers x 3,500 carry the ~6,000
 # members a node is sized for (docs/OPERATING.md) with room for probes, producers and the
 # admin. Each slot is a file descriptor: the worker raises its soft limit below (LimitNOFILE).

@@ -77,7 +77,6 @@ def coordinator_get(url: str, api_key: str | None, path: str, what: str) -> dict
             headers=headers,
             timeout=httpx.Timeout(5.0, connect=2.0),
             transport=httpx.HTTPTransport(retries=2, verify=tls_context()),
-            verify=tls_context(),
         ) as client:
             resp = client.get(path)
     except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:

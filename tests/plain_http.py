@@ -2,9 +2,9 @@
 
 `httpx.get(...)` and `httpx.Client()` each build a TLS context and load certifi's CA bundle:
 ~37 ms of CPU, though every URL the tests call is plain http. The suite made thousands of such
-calls (each server's readiness poll, floods of joins) on two CPU-bound cores. These take one
-context built once (`TLS`, also for `httpx.Client(verify=TLS)`) and otherwise behave as
-httpx's own: a client, and so a connection, per call.
+calls (each server's readiness poll, floods of joins) on two CPU-bound cores. These take the
+member library's one context per process (`TLS`, also for `httpx.Client(verify=TLS)`) and
+otherwise behave as httpx's own: a client, and so a connection, per call.
 """
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from typing import Any
 
 import httpx
 
-TLS = httpx.create_ssl_context()
+from dataplane.transport import tls_context
+
+TLS = tls_context()
 
 
 def request(method: str, url: str, **kwargs: Any) -> httpx.Response:

@@ -6,49 +6,36 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from bench.heartbeat import children, cpu_seconds
 from tests import plain_http
 
 from .conftest import make_group, poll, running_gunicorn
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_postgres]
 
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rfind(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def _workers(master: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout
-    return [int(pid) for pid in out.split()]
-
 
 def test_workers_are_forks_of_a_master_that_loaded_the_app(transactional_db: None, tmp_path: Path):
     fx = make_group(stream="preload", group="preload-g")
     with running_gunicorn(PROMETHEUS_MULTIPROC_DIR=str(tmp_path)) as server:
         master = server.process.pid
-        workers = _workers(master)
+        workers = children(master)
         assert len(workers) == 2, workers
-        loaded = _cpu_seconds(master)
-        spent = {pid: _cpu_seconds(pid) for pid in workers}
+        loaded = cpu_seconds([master])
+        spent = {pid: cpu_seconds([pid]) for pid in workers}
         # The master did the loading; a worker only forked (and answered a few /healthz polls).
         assert all(cpu < loaded / 2 for cpu in spent.values()), (loaded, spent)
         # A worker killed is replaced by another fork (no loading either), and heartbeats go on.
         os.kill(workers[0], signal.SIGKILL)
-        replaced = poll(lambda: len(set(_workers(master)) - set(workers)) == 1, 30)
-        assert replaced, _workers(master)
-        (new,) = set(_workers(master)) - set(workers)
+        replaced = poll(lambda: len(set(children(master)) - set(workers)) == 1, 30)
+        assert replaced, children(master)
+        (new,) = set(children(master)) - set(workers)
         headers = {"Authorization": f"Bearer {fx.key}"}
         for i in range(10):  # fresh connections: either worker may answer each
             r = plain_http.post(f"{server.url}/api/v1/groups/{fx.group}/heartbeat", headers=headers,
                                 json={"memberId": f"m{i}", "memberEpoch": 0}, timeout=30)
             assert r.status_code == 200, r.text
-        assert _cpu_seconds(new) < loaded / 2, (loaded, _cpu_seconds(new))
+        assert cpu_seconds([new]) < loaded / 2, (loaded, cpu_seconds([new]))
