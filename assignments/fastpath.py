@@ -417,8 +417,6 @@ def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> Steady
         return None
 
 
-# A snapshot's memo of steady answers holds at most this many (one per member and request).
-_MEMO_MAX = 20_000
 # Written stamps remembered per process (STAMPS.recent), then forgotten all at once.
 _WRITTEN_MAX = 200_000
 
@@ -439,8 +437,8 @@ def _from_snapshot(group_pk: int, snap: snapshot_cache.Snapshot, req: HeartbeatR
     if steady is None:
         return None
     if fresh and steady.report is not None:
-        # The first answer to this report on this committed state: the report may be new (it
-        # changes once per grant change, and every locked write empties the memo). It is
+        # The first answer to this report here since the member was last touched: the report
+        # may be new (it changes once per grant change, which touches the member). It is
         # written before the answer goes out, so a locked heartbeat on any host at the
         # previous epoch with ownedShards omitted (R3) reads it; only last-seen waits for the
         # batch (issue 23.4).
@@ -473,11 +471,12 @@ def _decide(group_pk: int, snap: snapshot_cache.Snapshot, req: HeartbeatRequest,
     try:
         # The same request on the same committed state gets the same answer: the decision is
         # a function of the two, and nothing in a steady answer depends on `now` but R1b's due
-        # time, checked here each time. The memo is emptied by any locked pass on the snapshot
-        # (snapshot_cache.load_for_heartbeat); a heartbeat's own effect, the member's
-        # last-seen, is what the stamp writes.
-        key = (req.member_id, req.member_epoch, req.metadata_epoch, req.owned_shards)
-        steady = snap.steady.get(key)
+        # time, checked here each time. A locked pass on the snapshot drops the answers of the
+        # members it touched, or all on a group-wide change (snapshot_cache.load_for_heartbeat);
+        # a heartbeat's own effect, the member's last-seen, is what the stamp writes.
+        key = (req.member_epoch, req.metadata_epoch, req.owned_shards)
+        memo = snap.steady.get(req.member_id)
+        steady = memo[1] if memo is not None and memo[0] == key else None
         if steady is not None:
             if state.rebalance_due_at is not None and now >= state.rebalance_due_at:
                 return None, False, seen, session_ms  # R1b: a recompute is due: the locked path runs it
@@ -490,9 +489,7 @@ def _decide(group_pk: int, snap: snapshot_cache.Snapshot, req: HeartbeatRequest,
         report = steady_report(req)
         steady = _Steady(SteadyAnswer(response, state.metadata_epoch), snap.loaded.member_pk[req.member_id],
                          req.member_epoch, None if report is None else json.dumps(report))
-        if len(snap.steady) >= _MEMO_MAX:
-            snap.steady.clear()
-        snap.steady[key] = steady
+        snap.steady[req.member_id] = (key, steady)  # one per member of the snapshot
         return steady, True, seen, session_ms
     finally:
         snapshot_cache.return_snapshot(group_pk, snap)

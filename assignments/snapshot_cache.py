@@ -44,6 +44,7 @@ from assignments.rows import (
 )
 from coordination import assignor
 from coordination.model import Changes, GroupState
+from coordination.steady import group_inputs
 from coordinator_project.process_state import PROCESS, ProcessCache
 from groups.models import Group, Stream
 from members.models import Member as MemberRow
@@ -65,17 +66,20 @@ class Snapshot:
     pk_member: dict[int, str]
     version: int
     shape: tuple[object, ...]  # what a version number alone does not cover (see shape_of)
-    # Steady answers given from this snapshot at this version (fastpath._from_snapshot); every
-    # locked pass that takes the snapshot empties it before it changes anything.
-    steady: dict[tuple[object, ...], Any] = field(default_factory=dict)
+    # The steady answer last given to each member from this snapshot (fastpath._decide):
+    # member id -> (its request's epochs and ownedShards, the answer). A locked pass that
+    # takes the snapshot drops, at its commit, the answers of the members it touched (every
+    # answer if a group-wide input changed): the others are still the core's answer.
+    steady: dict[str, tuple[tuple[object, ...], Any]] = field(default_factory=dict)
 
 
 _snapshots: OrderedDict[int, Snapshot] = PROCESS.own(
     "group snapshots", OrderedDict(),
     "Each group's last full state used under its lock, with its steady-answer memo (Snapshot."
-    "steady: one per member and request, 20,000). key: group id; bound: _SNAPSHOT_GROUPS, least"
+    "steady: one per member). key: group id; bound: _SNAPSHOT_GROUPS, least"
     " recently used out; invalidated: a group row whose state_version, metadata epochs,"
-    " deletion_epoch or created_at differ (checked on every use), a locked pass (memo), rollback;"
+    " deletion_epoch or created_at differ (checked on every use), rollback; memo entries: a"
+    " locked pass drops those of the members it touched, or all on a group-wide change;"
     " N hosts: every write on any host raises one of those in the same transaction (assignments."
     "writer).",
     reset=lambda: forget_snapshots(),
@@ -321,12 +325,18 @@ def load_for_heartbeat(
         PROCESS.rewound(f"group {group.name} state_version {snap.version} -> {group.state_version}")
     if snap is not None and (snap.shape != shape_of(group) or snap.version > group.state_version):
         snap = None  # a reshard step changed the slot set, or the database went back
+    memo_inputs: tuple[object, ...] | None = None  # None: a new snapshot, whose memo is empty
     if snap is None:
         state, loaded = load_state(group, heartbeating)
         snap = Snapshot(state, loaded, {pk: mid for mid, pk in loaded.member_pk.items()},
                          group.state_version, shape_of(group))
     else:
-        snap.steady.clear()  # the answers of the state this pass may change
+        # The memo holds answers of the snapshot's version. From here to the commit, the
+        # state files every member whose steady answer this pass and its catch-up may change
+        # (GroupState.take_touched); the checkin drops their answers, or all of them if a
+        # group-wide input changed. Nobody reads the memo meanwhile: the snapshot is checked out.
+        memo_inputs = group_inputs(snap.state)
+        snap.state.take_touched()
         if snap.version < group.state_version:
             _catch_up(snap, group, fetched)
         # The heartbeating members' rows are always read fresh: their last-seen and last
@@ -355,6 +365,12 @@ def load_for_heartbeat(
 
     def checkin() -> None:
         # Runs only after the commit: the snapshot now matches the version just committed.
+        touched = snap.state.take_touched()
+        if memo_inputs is not None and group_inputs(snap.state) != memo_inputs:
+            snap.steady.clear()
+        else:
+            for mid in touched:
+                snap.steady.pop(mid, None)
         for mid in snap.state.changes.members:  # new rows: slots name their members by pk
             snap.pk_member[snap.loaded.member_pk[mid]] = mid
         for mid in heartbeating:

@@ -76,6 +76,11 @@ class HeartbeatRequest:
     library_version: str = ""
 
 
+# The member fields a steady answer reads (coordination.steady.steady_answer): a change to one
+# files the member as touched in its group (GroupState.take_touched).
+_STEADY_FIELDS = frozenset({"status", "member_epoch", "revocation_deadline"})
+
+
 @dataclass(slots=True)
 class Member:
     member_id: str
@@ -99,13 +104,13 @@ class Member:
     table: MemberTable | None = field(default=None, init=False, repr=False, compare=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "status":
-            table = getattr(self, "table", None)  # unset while __init__ runs
-            if table is not None:
-                object.__setattr__(self, name, value)
-                table.reclassify(self.member_id)
-                return
+        table = getattr(self, "table", None) if name in _STEADY_FIELDS else None  # unset in __init__
         object.__setattr__(self, name, value)
+        if table is not None:
+            if name == "status":
+                table.reclassify(self.member_id)  # files it as touched too
+            else:
+                table.state.touch_steady(self.member_id)
 
     @property
     def live(self) -> bool:
@@ -236,12 +241,18 @@ class GroupState:
         self._buckets: dict[int, list[str]] = {}
         self._placed: dict[str, int] = {}
         self._unplaced: set[str] = set()
+        # Ids of the members whose steady answer may have changed since the shell last took
+        # this set (take_touched): their record was replaced, dropped or changed in a field a
+        # steady answer reads, or a slot naming them as owner or target changed. The shell
+        # keeps the other members' memoized steady answers across a locked pass.
+        self._touched: set[str] = set()
         for slot in self.shards.values():
             self._index(slot)
         self.members = MemberTable(self, self.members)
 
     # -- indexes ---------------------------------------------------------------------------
     def _index(self, slot: ShardSlot) -> None:
+        self._touch_slot(slot)
         if slot.owner is not None:
             bucket = self._revoking if slot.revoking else self._granted
             bucket.setdefault(slot.owner, set()).add(slot.shard_id)
@@ -252,6 +263,7 @@ class GroupState:
             self._untargeted.add(slot.shard_id)
 
     def _unindex(self, slot: ShardSlot) -> None:
+        self._touch_slot(slot)
         if slot.owner is not None:
             bucket = self._revoking if slot.revoking else self._granted
             bucket.get(slot.owner, set()).discard(slot.shard_id)
@@ -261,9 +273,25 @@ class GroupState:
         else:
             self._untargeted.discard(slot.shard_id)
 
+    def _touch_slot(self, slot: ShardSlot) -> None:
+        if slot.owner is not None:
+            self._touched.add(slot.owner)
+        if slot.target is not None:
+            self._touched.add(slot.target)
+
+    def touch_steady(self, member_id: str) -> None:
+        """A field of this member that a steady answer reads changed (Member.__setattr__)."""
+        self._touched.add(member_id)
+
+    def take_touched(self) -> set[str]:
+        """The members touched since the last call (see `_touched`); starts a new set."""
+        touched, self._touched = self._touched, set()
+        return touched
+
     # -- roster ----------------------------------------------------------------------------
     def reclassify(self, member_id: str) -> None:
         """The member table changed this id's member or its status: file it again."""
+        self._touched.add(member_id)
         m = dict.get(self.members, member_id)
         live = m is not None and m.status in LIVE_STATUSES
         reserved = live and m is not None and m.status == MemberStatus.TEMPORARILY_LEFT
@@ -399,6 +427,7 @@ class GroupState:
 
     def touch_member(self, member: Member) -> None:
         self.changes.members.add(member.member_id)
+        self._touched.add(member.member_id)
 
     def touch_group(self) -> None:
         self.changes.group = True

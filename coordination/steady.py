@@ -38,6 +38,14 @@ def eligible(req: HeartbeatRequest) -> bool:
     )
 
 
+def group_inputs(state: GroupState) -> tuple[object, ...]:
+    """The group-wide fields `steady_answer` reads, except R1b's due time (a memoized answer is
+    checked against it on every use). While they are equal, a member's steady answer changes
+    only if the member is in `state.take_touched()`: the shell keeps the others' memoized
+    answers across a locked pass (assignments.snapshot_cache)."""
+    return (state.assignment_epoch, state.metadata_epoch, state.paused_at, state.heartbeat_interval_ms)
+
+
 def steady_answer(state: GroupState, req: HeartbeatRequest, now: datetime) -> HeartbeatResponse | None:
     """`engine.heartbeat(state, req, now)`'s answer if that call would change nothing but the
     member's last-seen and last report (`steady_report`), else None. Reads `state` only."""

@@ -342,6 +342,40 @@ def test_a_locked_pass_empties_the_memo_so_a_changed_state_is_answered_by_the_co
     assert result.response.assignment.revoking  # what the memo would have hidden
 
 
+def test_i26_2_a_locked_pass_keeps_the_memoized_answers_of_the_members_it_does_not_touch(orders, monkeypatch):
+    """A locked pass drops only the memoized steady answers of the members it touched (every
+    one if a group-wide input changed): after b's locked heartbeat and c's join (its recompute
+    deferred by R1b's window), a's same steady request is answered from the memo, its stamp
+    batched (no statement), and that answer is still the locked core's. b's is answered anew."""
+    now = timezone.now()
+    sims = {m: Sim() for m in ("a", "b")}
+    for m in sims:
+        sims[m].take(services.heartbeat(orders.group, HeartbeatRequest(member_id=m, member_epoch=0), now))
+    for _ in range(4):  # settle: revocations reported at once, as the data plane does
+        for m, sim in sims.items():
+            sim.take(services.heartbeat(orders.group, request("revoked", m, sim, None), now))
+    steady = {m: request("beat", m, sim, "steady") for m, sim in sims.items()}
+    first = {m: fastpath.steady_heartbeat(orders.group, req, now) for m, req in steady.items()}
+    assert None not in first.values()
+    group = Group.objects.get(name=orders.group)
+    version = group.state_version
+    with override_settings(RSC_FAST_PATH=False, RSC_REBALANCE_WINDOW_MS=60_000):
+        services.heartbeat(orders.group, steady["b"], now)  # the lock, on this process's snapshot
+        services.heartbeat(orders.group, HeartbeatRequest(member_id="c", member_epoch=0), now)
+    assert Group.objects.get(pk=group.pk).state_version > version  # c's join was written
+    snap = snapshot_cache._snapshots[group.pk]
+    assert set(snap.steady) == {"a"}
+    later = now + timedelta(seconds=1)
+    written_now: list[object] = []
+    monkeypatch.setattr(fastpath, "_stamp_now", lambda *args: written_now.append(args) or True)
+    again = fastpath.steady_heartbeat(orders.group, steady["a"], later)
+    monkeypatch.undo()
+    assert again is first["a"]  # the memoized answer itself
+    assert written_now == []  # its stamp is batched: a's report is in the database already
+    fastpath.flush_stamps()
+    assert fields(again.response) == fields(locked_fresh(orders.group, steady["a"], later).response)
+
+
 def test_a_memoized_steady_answer_is_rendered_once_and_sent_as_the_same_bytes(hb, orders):
     """Over HTTP: the second identical steady heartbeat is given the bytes rendered for the
     first, which are exactly what DRF's JSON renderer makes of the wire body."""
@@ -355,7 +389,7 @@ def test_a_memoized_steady_answer_is_rendered_once_and_sent_as_the_same_bytes(hb
     assert first.status_code == second.status_code == 200
     assert first.content == second.content
     snap = snapshot_cache._snapshots[Group.objects.get(name=orders.group).pk]
-    (memo,) = snap.steady.values()
+    ((_request, memo),) = snap.steady.values()
     wire = memo.answer.memo.body
     assert wire.rendered == second.content == JSONRenderer().render(dict(wire))
     assert second.json()["status"] == "OK"

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from coordination import engine
 from coordination.model import GroupState, HeartbeatRequest, Member, MemberStatus, RevokeReport, ShardSlot
-from coordination.steady import eligible, steady_answer, steady_report
+from coordination.steady import eligible, group_inputs, steady_answer, steady_report
 from dataplane.protocol import ErrorCode, RevokeState
 
 from .engine_helpers import T0, Client, make_group, settle
@@ -215,3 +215,69 @@ def test_i23_5_steady_answer_refuses_what_the_core_would_change():
         assert steady_answer(state, req, T0) is None, req
     state.rebalance_due_at = T0
     assert steady_answer(state, base, T0) is None  # R1b: due now
+
+
+def _steady_requests(state: GroupState, mid: str) -> list[HeartbeatRequest]:
+    """The steady heartbeats `mid` could send on `state`: its whole grant, a part, or none."""
+    member = state.members.get(mid)
+    epoch = member.member_epoch if member is not None else 1
+    granted = tuple(sorted(state.granted_to(mid)))
+    return [HeartbeatRequest(member_id=mid, member_epoch=epoch, metadata_epoch=state.metadata_epoch,
+                             owned_shards=owned) for owned in (granted, granted[:1], None)]
+
+
+@settings(max_examples=400, deadline=None)
+@given(states(), st.lists(requests(), min_size=1, max_size=3), st.data())
+def test_i26_2_a_locked_pass_changes_no_steady_answer_but_the_touched_members(
+    state: GroupState, passes: list[HeartbeatRequest], data: st.DataObject
+):
+    """What lets the shell keep memoized steady answers across a locked pass
+    (assignments.snapshot_cache.load_for_heartbeat): while `group_inputs` stay equal, the core's
+    heartbeats, sweeps and pauses change the steady answer of no member that
+    `GroupState.take_touched` leaves out. (R1b's due time is checked on every memo hit.)"""
+    for mid in MEMBERS:
+        if data.draw(st.booleans()):
+            tidy(state, mid, data)
+    before = {(mid, req): steady_answer(state, req, T0) for mid in MEMBERS for req in _steady_requests(state, mid)}
+    inputs = group_inputs(state)
+    state.take_touched()
+    now = T0 + timedelta(seconds=data.draw(st.sampled_from([0, 1, 40, 100])))
+    for req in passes:  # one locked pass: the heartbeats of a group-commit batch, then a sweep
+        state.changes = type(state.changes)()
+        engine.heartbeat(state, req, now)
+    sweep = data.draw(st.sampled_from(["none", "expire", "fence", "pause", "resume", "due"]))
+    if sweep == "expire":
+        engine.l1_expire_silent_members(state, now)
+    elif sweep == "fence":
+        engine.l2_fence_overdue_revocations(state, now)
+    elif sweep == "pause":
+        engine.s11_pause(state, now, "test")
+    elif sweep == "resume":
+        engine.s11_resume(state, now, "test")
+    elif sweep == "due":
+        engine.r1b_rebalance_if_due(state, now)
+    touched = state.take_touched()
+    if group_inputs(state) != inputs:
+        return  # the shell drops every memoized answer
+    due = state.rebalance_due_at is not None and state.rebalance_due_at <= T0
+    for (mid, req), answer in before.items():
+        if answer is None or mid in touched:
+            continue  # nothing memoized, or dropped
+        assert steady_answer(state, req, T0) == (None if due else answer), (mid, req, sweep)
+
+
+def test_i26_2_take_touched_names_the_members_a_recompute_moves_and_only_them():
+    """A join that recomputes the target touches every member whose target changes; a steady
+    heartbeat (the core's liveness-only answer) touches only its member."""
+    state = make_group(8)
+    a, b = Client(state, "a"), Client(state, "b")
+    a.join()
+    settle([a])
+    b.join()
+    settle([a, b])
+    state.take_touched()
+    a.send()  # steady: last-seen only
+    assert state.take_touched() <= {"a"}
+    c = Client(state, "c")
+    c.join()
+    assert {"a", "b", "c"} <= state.take_touched()  # each gives shards to c
