@@ -40,4 +40,3 @@ def test_workers_are_forks_of_a_master_that_loaded_the_app(transactional_db: Non
                                 json={"memberId": f"m{i}", "memberEpoch": 0}, timeout=30)
             assert r.status_code == 200, r.text
         assert cpu_seconds([new]) < loaded / 2, (loaded, cpu_seconds([new]))
-
