@@ -1,4 +1,5 @@
-"""The WSGI handler, with each finished request's reference cycles released.
+"""The WSGI handler: heartbeats through the middleware they use (HEARTBEAT_SKIPS, decision 0022),
+and each finished request's reference cycles released.
 
 Every Django request is a knot of reference cycles: the lazy ``request.user`` closes over the
 request, the message storage holds it, a DRF view and its Request point at each other, and a
@@ -13,12 +14,15 @@ the request at once.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
+from django.conf import settings
+from django.core.handlers.base import BaseHandler
 from django.core.handlers.wsgi import WSGIHandler
 from django.http import HttpRequest, HttpResponseBase
 
-from coordinator_project.compat.django import add_closer
+from coordinator_project.compat.django import add_closer, load_middleware_of
 
 
 def release_cycles(request: HttpRequest, response: HttpResponseBase) -> None:
@@ -34,9 +38,46 @@ def release_cycles(request: HttpRequest, response: HttpResponseBase) -> None:
     vars(request).clear()
 
 
+# What the heartbeat route skips of settings.MIDDLEWARE: the admin's sessions, CSRF checks,
+# users, messages, frame options and login lockouts, and static files. A heartbeat uses none of
+# them (API keys authenticate it, its view is CSRF-exempt, its answer is JSON), and it is nearly
+# every request a coordinator serves: they were ~10 % of its CPU (bench/RESULTS.md, 2026-12-06).
+# Every other middleware, an operator's own included, runs on it as configured.
+HEARTBEAT_SKIPS = frozenset({
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",
+})
+HEARTBEAT_PATH = re.compile(r"/api/v1/groups/[^/]+/heartbeat")  # coordinator_project.urls' route, whole
+
+
+def heartbeat_middleware() -> list[str]:
+    """settings.MIDDLEWARE without HEARTBEAT_SKIPS, in its order."""
+    return [path for path in settings.MIDDLEWARE if path not in HEARTBEAT_SKIPS]
+
+
+class _Lane(BaseHandler):
+    """A second middleware chain of the same handler, for one route."""
+
+    def __init__(self, middleware: list[str]) -> None:
+        super().__init__()
+        load_middleware_of(self, middleware)
+
+
 class ReleasingWSGIHandler(WSGIHandler):
+    def load_middleware(self, is_async: bool = False) -> None:
+        super().load_middleware(is_async)
+        self._heartbeat_lane = _Lane(heartbeat_middleware())
+
     def get_response(self, request: HttpRequest) -> HttpResponseBase:
-        response = super().get_response(request)
+        if HEARTBEAT_PATH.fullmatch(request.path_info):
+            response = self._heartbeat_lane.get_response(request)
+        else:
+            response = super().get_response(request)
         # After Django's request.close; close() clears its closers, which also ends the
         # cycle this partial makes through the response.
         add_closer(response, functools.partial(release_cycles, request, response))

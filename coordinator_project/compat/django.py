@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.core.handlers.base import BaseHandler
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.http import HttpResponseBase
 
@@ -27,6 +28,20 @@ def outermost_transaction(connection: BaseDatabaseWrapper) -> bool:
     return len(blocks) == 1
 
 
+def load_middleware_of(handler: BaseHandler, middleware: list[str]) -> None:
+    """`handler.load_middleware()` over `middleware` instead of settings.MIDDLEWARE, which
+    `BaseHandler.load_middleware` reads: the setting is swapped while it runs (at process
+    start, before any request)."""
+    from django.conf import settings
+
+    configured = settings.MIDDLEWARE
+    settings.MIDDLEWARE = middleware
+    try:
+        handler.load_middleware()
+    finally:
+        settings.MIDDLEWARE = configured
+
+
 def problems() -> list[str]:
     """What this module relies on and the installed Django lacks."""
     found = []
@@ -42,4 +57,6 @@ def problems() -> list[str]:
 
     if not isinstance(getattr(connection, "atomic_blocks", None), list):
         found.append("BaseDatabaseWrapper.atomic_blocks (a list) is gone")
+    if "settings.MIDDLEWARE" not in inspect.getsource(BaseHandler.load_middleware):
+        found.append("django.core.handlers.base.BaseHandler.load_middleware no longer reads settings.MIDDLEWARE")
     return found
