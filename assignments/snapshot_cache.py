@@ -366,8 +366,8 @@ def load_for_heartbeat(
     def checkin() -> None:
         # Runs only after the commit: the snapshot now matches the version just committed.
         touched = snap.state.take_touched()
-        if memo_inputs is not None and group_inputs(snap.state) != memo_inputs:
-            snap.steady.clear()
+        if memo_inputs is None or group_inputs(snap.state) != memo_inputs:
+            snap.steady.clear()  # a new snapshot (empty), or a group-wide input changed
         else:
             for mid in touched:
                 snap.steady.pop(mid, None)

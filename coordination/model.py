@@ -427,7 +427,6 @@ class GroupState:
 
     def touch_member(self, member: Member) -> None:
         self.changes.members.add(member.member_id)
-        self._touched.add(member.member_id)
 
     def touch_group(self) -> None:
         self.changes.group = True
