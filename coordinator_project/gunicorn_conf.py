@@ -31,7 +31,10 @@ preload_app = os.environ.get("PRELOAD_APP", "1") != "0"
 if preload_app and "gevent" in _WORKER_CLASS.lower():
     from gevent import monkey
 
-    monkey.patch_all()
+    # Once: a reload (SIGHUP) reads this file again in the patched master, where a second
+    # patch_all() would walk every object again, Django's lazy settings among them.
+    if not monkey.is_module_patched("threading"):
+        monkey.patch_all()
 
 # Issue 24.3: a missing SECRET_KEY or an unknown DATABASE_URL scheme stops the master with one
 # line, before any worker forks (each worker printed a 128-line traceback, forever).

@@ -11,6 +11,7 @@ import pytest
 from dataplane import BatchItemsFailed, Message
 from dataplane.routing import ShardKeys
 from dataplane.runtime import Runtime, RuntimeConfig
+from tests import spawn
 
 from .conftest import make_grant, pending, wait_until
 
@@ -199,7 +200,7 @@ def test_i25_2_cli_consume_with_batch_handler(r, prefix, coordinator, redis_url,
     (tmp_path / "bh.py").write_text(
         f"def handle(msgs):\n    open({str(seen)!r}, 'a').write(f'{{len(msgs)}}\\n')\n"
     )
-    proc = subprocess.Popen(
+    proc = spawn.Popen(
         [sys.executable, "-m", "dataplane", "consume", "--coordinator", coordinator.url,
          "--group", "g", "--api-key", "k", "--redis", redis_url, "--batch-handler",
          "bh:handle", "--block-ms", "100"],

@@ -15,6 +15,7 @@ import pytest
 
 from dataplane import Producer
 from dataplane.routing import ShardKeys, hash64, shard_index
+from tests import spawn
 
 from .conftest import ROOT, routing_doc, version_doc, wait_until
 
@@ -31,7 +32,7 @@ def env(coordinator_url: str, redis_url: str) -> dict[str, str]:
 
 
 def run(args: list[str], e: dict[str, str], cwd: Path | None = None):
-    return subprocess.run(
+    return spawn.run(
         [sys.executable, "-m", "dataplane", *args],
         env=e,
         cwd=cwd or ROOT,
@@ -113,7 +114,7 @@ def test_consume_until_sigterm_then_leave(r, prefix, coordinator, redis_url, tmp
     e = env(coordinator.url, redis_url)
     with Producer(coordinator.url, "orders", "cli-key", redis_url=redis_url) as p:
         p.send_many([(f"k{i}", {"n": "1"}) for i in range(20)])
-    proc = subprocess.Popen(
+    proc = spawn.Popen(
         [
             sys.executable,
             "-m",
@@ -162,7 +163,7 @@ def test_installed_console_script_runs_from_any_directory_and_finds_a_local_hand
     (tmp_path / "localhandler.py").write_text("def handle(msg):\n    pass\n")
 
     def run_here(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(argv, env=e, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        return spawn.run(argv, env=e, cwd=tmp_path, capture_output=True, text=True, timeout=60)
 
     out = run_here(sys.executable, "-m", "dataplane", "--help")
     assert out.returncode == 0, out.stderr

@@ -13,6 +13,7 @@ import pytest
 
 from dataplane import AuthenticationError, Consumer, GroupNotFoundError, Message
 from dataplane.routing import ShardKeys
+from tests import spawn
 
 from ..consumer_thread import run_consumer
 from .conftest import ROOT, version_doc, wait_until
@@ -157,7 +158,7 @@ def test_i25_5_cli_exits_2_with_one_line_when_the_refusal_persists(
                                                   "errorMessage": "revoked"}))  # fmt: skip
     (tmp_path / "h.py").write_text("def handle(msg):\n    pass\n")
     e = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
+    proc = spawn.Popen(
         [sys.executable, "-m", "dataplane", "consume", "--coordinator", coordinator.url,
          "--group", "g", "--api-key", "k", "--redis", redis_url, "--handler", "h:handle",
          "--block-ms", "100", "--refusal-timeout", "0.5"],

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import threading
 
 from dataplane import Consumer, Message
 from dataplane.routing import ShardKeys
+from tests import spawn
 from tests.member_http import get, samples
 
 from .conftest import ROOT, version_doc, wait_until
@@ -158,7 +158,7 @@ print("BY DATAPLANE", [(n, importer) for n, importer in tried if importer])
 print("PROMETHEUS", [n for n, _ in tried if n.startswith("prometheus_client")])
 """
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    out = spawn.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, env=env)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "BY DATAPLANE []" in out.stdout, out.stdout

@@ -15,6 +15,7 @@ import redis
 
 from dataplane import Consumer, ConsumerStatus, Message
 from dataplane.routing import ShardKeys
+from tests import spawn
 from tests.member_http import get
 
 from .conftest import ROOT, version_doc, wait_until
@@ -73,7 +74,7 @@ def test_i25_3_cli_prints_the_status_as_one_json_line_on_sigusr1(
 ) -> None:
     coordinator.metadata = metadata(prefix)
     (tmp_path / "h.py").write_text("def handle(msg):\n    pass\n")
-    proc = subprocess.Popen(
+    proc = spawn.Popen(
         [sys.executable, "-m", "dataplane", "consume", "--coordinator", coordinator.url,
          "--group", "g", "--api-key", "k", "--redis", redis_url, "--handler", "h:handle",
          "--block-ms", "100", "--member-id", "cli-status"],
@@ -108,7 +109,7 @@ def _free_port() -> int:
 
 
 def _status_cli(port: int) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return spawn.run(
         [sys.executable, "-m", "dataplane", "status", "--metrics-port", str(port)],
         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import spawn
+
 from .conftest import ROOT
 
 
@@ -22,7 +24,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 def run_cli(
     args: list[str], cwd: Path, stdin: str | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return spawn.run(
         [sys.executable, "-m", "dataplane", *args],
         cwd=cwd,
         env=cli_env(**env),

@@ -32,6 +32,7 @@ from groups.describe import describe_group
 from groups.models import Shard
 from groups.services import create_api_key, create_group, create_stream
 from groups.sweeps import run_all_sweeps
+from tests import spawn
 from tests.integration.conftest import LiveServer, _fresh_process_state, one_worker_gunicorn  # noqa: F401
 from tests.redis_keys import delete_keys
 
@@ -222,7 +223,7 @@ class World:
     def _spawn(self, member_id: str, argv: list[str], env: dict[str, str]) -> MemberProc:
         log = self.log_dir / f"{member_id}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+            proc = spawn.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         m = MemberProc(member_id, proc, log)
         self.members[member_id] = m
         return m

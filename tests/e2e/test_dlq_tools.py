@@ -22,6 +22,7 @@ from groups.describe import describe_group
 from groups.models import ShardVersion, Stream
 from groups.resharding import start_reshard
 from groups.services import create_api_key, create_group
+from tests import spawn
 
 from .cli import cli_env, one_line, run_cli
 from .conftest import MemberProc, World
@@ -75,7 +76,7 @@ def start_member(
                   E2E_MEMBER=member_id, RSC_API_KEY=api_key or world.group_key,
                   E2E_POISON="1" if poison else "0")
     with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = spawn.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
     m = MemberProc(member_id, proc, log)
     world.members[member_id] = m  # stopped by world.close()
     return m

@@ -24,7 +24,7 @@ import assignments.fastpath  # noqa: F401 - its state is owned by PROCESS from i
 from coordinator_project.process_state import PROCESS
 from dataplane.routing import ShardKeys
 from groups.services import create_api_key, create_group, create_stream
-from tests import plain_http
+from tests import plain_http, spawn
 from tests.redis_keys import delete_stream_keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,7 +210,7 @@ def running_gunicorn(port: int | None = None, log_file: Path | None = None, quic
     port = port or free_port()
     env = {**os.environ, "DATABASE_URL": live_database_url(), "PYTHONUNBUFFERED": "1", **extra_env}
     log = log_file.open("ab") if log_file is not None else None
-    proc = subprocess.Popen(
+    proc = spawn.Popen(
         [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-w", str(workers),
          "-b", f"127.0.0.1:{port}", "--log-level", "warning", "coordinator_project.wsgi"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log is not None else None,

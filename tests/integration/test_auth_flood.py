@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from tests import plain_http
+from tests import plain_http, spawn
 
 from .conftest import make_group, running_gunicorn
 
@@ -69,7 +69,7 @@ def test_i27_10_a_flood_of_random_keys_is_refused_without_lookups_while_members_
         with httpx.Client(verify=plain_http.TLS, base_url=server.url, timeout=10) as member:
             r = member.post(fx.url(), json={"memberId": "m", "memberEpoch": 0}, headers=headers).json()
             epoch = r["memberEpoch"]
-            flood = subprocess.Popen([sys.executable, "-c", FLOOD, server.url, fx.url(), str(SECONDS),
+            flood = spawn.Popen([sys.executable, "-c", FLOOD, server.url, fx.url(), str(SECONDS),
                                       str(FLOOD_THREADS)], stdout=subprocess.PIPE, text=True)
             latencies: list[float] = []
             failures: list[object] = []

@@ -22,6 +22,7 @@ from groups.namespace import default_key_prefix
 from groups.resharding import start_reshard
 from groups.sweeps import run_all_sweeps
 from members.models import Member as MemberRow
+from tests import spawn
 from tests.redis_keys import delete_keys
 
 from .conftest import ROOT, live_database_url
@@ -38,7 +39,7 @@ def run(*args: str) -> str:
 
 def manage(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, DATABASE_URL=live_database_url())
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
+    return spawn.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -15,6 +15,7 @@ from django.utils import timezone
 from groups.models import Event, Group, SweepRun
 from groups.resharding import start_reshard
 from members.models import Member
+from tests import spawn
 
 from .conftest import ROOT, Hb, live_database_url, make_group
 
@@ -24,7 +25,7 @@ pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True
 
 def manage(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, DATABASE_URL=live_database_url())
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
+    return spawn.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
 
 

@@ -9,6 +9,7 @@ from django.core.management import CommandError, call_command
 
 from groups.models import Group, Stream
 from groups.services import resolve_api_key
+from tests import spawn
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db]
 
@@ -67,10 +68,9 @@ def test_setup_commands_fail_clearly_and_change_nothing(args, message):
 
 
 def test_setup_commands_exit_non_zero_from_the_shell():
-    import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "manage.py", "create_stream", "x", "--shards", "abc"],
+    r = spawn.run([sys.executable, "manage.py", "create_stream", "x", "--shards", "abc"],
                        capture_output=True, text=True)
     assert r.returncode != 0
     assert "invalid int value" in r.stderr

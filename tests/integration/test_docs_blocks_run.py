@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests import plain_http
+from tests import plain_http, spawn
 
 from .conftest import ROOT, FreshInstall, fresh_install, poll
 
@@ -94,7 +94,7 @@ class Stack:
         `until` holds for what it printed so far)."""
         # O_APPEND: the child writes at the end whatever offset the parent's reads left.
         with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "stdout", "a+") as out_file:
-            proc = subprocess.Popen([sys.executable, "-c", self.put_in(code)], cwd=ROOT, env=self.block_env(),
+            proc = spawn.Popen([sys.executable, "-c", self.put_in(code)], cwd=ROOT, env=self.block_env(),
                                     stdout=out_file, stderr=subprocess.PIPE, text=True)
 
             def printed() -> str:
@@ -130,10 +130,10 @@ def _stack(install: FreshInstall) -> Iterator[Stack]:
     env, url = install.env, install.url
     web = None
     try:
-        done = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env,
+        done = spawn.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
-        web = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py",
+        web = spawn.Popen([sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py",
                                 "coordinator_project.wsgi"], cwd=ROOT, env=env, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
@@ -211,7 +211,7 @@ def test_i24_7_dataplane_readme_blocks_run_as_printed(stack: Stack):
     out = stack.sh(blocks[1][1])  # route, produce (argument and stdin), dlq list
     assert '"redisKey"' in out
     assert out.count('"sent"') == 1 or '"shard"' in out
-    python = subprocess.run([sys.executable, "-c", stack.put_in(blocks[2][1])], cwd=ROOT, env=stack.block_env(),
+    python = spawn.run([sys.executable, "-c", stack.put_in(blocks[2][1])], cwd=ROOT, env=stack.block_env(),
                             capture_output=True, text=True, timeout=120)
     assert python.returncode == 0, python.stderr
     assert "Traceback" not in python.stderr
@@ -236,7 +236,7 @@ def test_i24_7_security_and_operating_blocks_run_as_printed(stack: Stack):
     assert out.count("shown once") >= 2
     out = stack.sh(operating[0][1])  # housekeeping: list, ensure consumer groups, delete
     assert '"orders"' in out
-    done = subprocess.run([sys.executable, "manage.py", "list_streams"], cwd=ROOT, env=stack.env,
+    done = spawn.run([sys.executable, "manage.py", "list_streams"], cwd=ROOT, env=stack.env,
                           capture_output=True, text=True, timeout=120)
     assert "orders" not in done.stdout  # delete_stream removed it
 
@@ -247,7 +247,7 @@ def test_i24_7_resharding_celery_block_runs_the_sweeps(tmp_path: Path) -> None:
     blocks = run_blocks("docs/RESHARDING.md")
     assert [lang for lang, _ in blocks] == ["sh"]
     with fresh_install(tmp_path, "rsc_docs", "SWEEP_INTERVAL_SECONDS=1") as install:
-        done = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=install.env,
+        done = spawn.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=install.env,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         log = tmp_path / "celery.log"

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 from django.test import Client
 
 from groups.models import Event, Group
+from tests import spawn
 
 from .conftest import ROOT, GroupFixture
 from .test_admin import messages_of, root, viewer  # noqa: F401 - fixtures
@@ -47,7 +47,7 @@ def _gunicorn_config(**env: str) -> str:
     e = {**os.environ, "SECRET_KEY": "k" * 50, **env}
     if "GUNICORN_CONTROL_SOCKET" not in env:
         e.pop("GUNICORN_CONTROL_SOCKET", None)
-    done = subprocess.run([sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py",
+    done = spawn.run([sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py",
                            "--print-config", "coordinator_project.wsgi"], cwd=ROOT, env=e,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

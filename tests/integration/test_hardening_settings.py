@@ -15,6 +15,7 @@ from django.conf import settings
 from django.test import Client
 
 from coordinator_project.logging import JsonFormatter, TextFormatter
+from tests import spawn
 
 from .conftest import ROOT, GroupFixture
 
@@ -23,7 +24,7 @@ FORGED = "g1\n2026-01-01 00:00:00 CRITICAL forged line\x1b[2J\u2028"
 
 def run_settings(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DEBUG"}}
-    return subprocess.run(
+    return spawn.run(
         [sys.executable, "-c", "import django; django.setup()\n" + code],
         cwd=ROOT, env={**base, "DJANGO_SETTINGS_MODULE": "coordinator_project.settings", **env},
         capture_output=True, text=True, timeout=60,

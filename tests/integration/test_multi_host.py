@@ -42,7 +42,7 @@ import pytest
 from django.db import connections
 
 from groups.sweeps import run_all_sweeps
-from tests import plain_http
+from tests import plain_http, spawn
 
 from .conftest import ROOT, GroupFixture, free_port, group_on_fresh_stream, live_database_url, poll
 from .multi_host_member import Exchange, Hosts, SimMember, Timeline
@@ -72,7 +72,7 @@ class Host:
 
     def start(self) -> None:
         """One gunicorn master (one worker, the shipped config) in a process group of its own."""
-        self.process = subprocess.Popen(
+        self.process = spawn.Popen(
             [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-w", "1",
              "-b", f"127.0.0.1:{self.port}", "--log-level", "warning", "coordinator_project.wsgi"],
             cwd=ROOT, env=self.env, start_new_session=True,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from io import StringIO
@@ -26,6 +25,7 @@ from groups.models import Stream
 from groups.namespace import default_key_prefix, identity_key, installation_id, owner_key
 from groups.resharding import start_reshard
 from groups.services import ServiceError, create_group, create_stream
+from tests import spawn
 from tests.redis_keys import delete_keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def other_installation(tmp_path: Path) -> dict:
     env.update(SQLITE_PATH=str(tmp_path / "other.sqlite3"), REDIS_URL=settings.REDIS_URL,
                STREAM_REDIS_URL=settings.STREAM_REDIS_URL, LOG_LEVEL="WARNING")
     for argv in (["migrate", "-v0"], ["shell", "-c", OTHER_INSTALLATION]):
-        done = subprocess.run([sys.executable, "manage.py", *argv], cwd=ROOT, env=env, capture_output=True,
+        done = spawn.run([sys.executable, "manage.py", *argv], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=180)
         assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -14,6 +14,8 @@ import pytest
 from django.test import Client
 from django.test.utils import override_settings
 
+from tests import spawn
+
 from .conftest import ROOT, live_database_url
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(databases=["default", "liveness"])]
@@ -29,7 +31,7 @@ PRODUCTION_TLS = {"SECURE_HSTS_SECONDS": "31536000", "SECURE_HSTS_INCLUDE_SUBDOM
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items()
             if k not in {"SECRET_KEY", "DEBUG", "DJANGO_SETTINGS_MODULE", *PRODUCTION_TLS}}
-    return subprocess.run(
+    return spawn.run(
         [sys.executable, "manage.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**base, "DATABASE_URL": live_database_url(), "DEBUG": "0",
              "SECRET_KEY": secrets.token_urlsafe(50), "ALLOWED_HOSTS": "coordinator.example", **env},

@@ -18,7 +18,7 @@ from django.db import connection
 
 from groups.models import Group
 from groups.services import create_group, create_stream
-from tests import plain_http
+from tests import plain_http, spawn
 
 from .conftest import ROOT, live_database_url, poll, running_gunicorn
 
@@ -31,7 +31,7 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, drop: tuple[str, 
         timeout: float = 60, shell: bool = False) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in drop}
     base["DATABASE_URL"] = live_database_url()
-    return subprocess.run(
+    return spawn.run(
         argv if not shell else " ".join(argv), cwd=ROOT, env={**base, **(env or {})},
         capture_output=True, text=True, timeout=timeout, shell=shell,
         executable="/bin/bash" if shell else None,
@@ -206,7 +206,7 @@ def test_i24_3_celery_beat_with_redis_unreachable_says_so_in_one_line_per_attemp
     down = "redis://127.0.0.1:1/0"
     env = {**os.environ, "DATABASE_URL": live_database_url(), "REDIS_URL": down, "STREAM_REDIS_URL": down}
     with log.open("w") as out:
-        beat = subprocess.Popen([PYTHON, "-m", "celery", "-A", "coordinator_project", "beat", "-l", "warning",
+        beat = spawn.Popen([PYTHON, "-m", "celery", "-A", "coordinator_project", "beat", "-l", "warning",
                                  "--schedule", str(tmp_path / "schedule")],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:

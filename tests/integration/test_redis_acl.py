@@ -34,6 +34,7 @@ from groups.namespace import installation_id
 from groups.resharding import start_reshard
 from groups.services import ServiceError, create_api_key, create_group, create_stream
 from groups.sweeps import run_all_sweeps
+from tests import spawn
 
 from ..consumer_thread import run_consumer
 from .conftest import ROOT, free_port, running_gunicorn
@@ -131,7 +132,7 @@ def cli(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[s
 
     full = {k: v for k, v in os.environ.items() if not k.startswith("RSC_") and k != "REDIS_URL"}
     full.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **env)
-    return subprocess.run([sys.executable, "-m", "dataplane", *args], cwd=cwd, env=full,
+    return spawn.run([sys.executable, "-m", "dataplane", *args], cwd=cwd, env=full,
                           capture_output=True, text=True, timeout=120)
 
 

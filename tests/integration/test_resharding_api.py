@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from typing import Any
 
@@ -14,6 +13,7 @@ from groups.models import Event, Group, Shard, ShardVersion, Stream
 from groups.namespace import default_key_prefix
 from groups.resharding import ReshardInProgress, StreamNotFound, start_reshard
 from groups.services import MAX_SHARDS, ServiceError, shard_cap
+from tests import spawn
 
 from .conftest import ROOT, GroupFixture, live_database_url, make_group
 
@@ -140,7 +140,7 @@ def test_reshard_command_reports_and_refuses(orders: GroupFixture, capsys: pytes
 
 def test_reshard_command_exits_non_zero_on_bad_input(orders: GroupFixture):
     env = dict(os.environ, DATABASE_URL=live_database_url())
-    proc = subprocess.run(
+    proc = spawn.run(
         [sys.executable, "manage.py", "reshard", "orders", "--shards", "0"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )

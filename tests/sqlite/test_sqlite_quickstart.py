@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import spawn
 from tests.sqlite.cleanup import delete_namespace_keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +18,7 @@ def test_quickstart_runs_the_protocol_on_sqlite(tmp_path: Path):
     env.update(SQLITE_PATH=str(tmp_path / "coordinator.sqlite3"), PYTHONPATH=str(ROOT),
                LOG_LEVEL="WARNING", REDIS_URL=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     try:
-        r = subprocess.run([sys.executable, str(Path(__file__).with_name("sqlite_flow.py"))],
+        r = spawn.run([sys.executable, str(Path(__file__).with_name("sqlite_flow.py"))],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     finally:  # its seal markers, under that database's own namespace
         delete_namespace_keys(tmp_path / "coordinator.sqlite3", env["REDIS_URL"])

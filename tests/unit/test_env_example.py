@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from coordinator_project.preflight import read_env_file
+from tests import spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 READERS = ("coordinator_project/settings.py", "coordinator_project/gunicorn_conf.py",
@@ -76,14 +76,14 @@ _DUMP_SETTINGS = ("import json, re, django; from django.conf import settings; dj
 
 
 def _settings(env: dict[str, str]) -> dict[str, str]:
-    done = subprocess.run([sys.executable, "-c", _DUMP_SETTINGS], cwd=ROOT, capture_output=True, text=True,
+    done = spawn.run([sys.executable, "-c", _DUMP_SETTINGS], cwd=ROOT, capture_output=True, text=True,
                           env={**env, "DJANGO_SETTINGS_MODULE": "coordinator_project.settings"}, timeout=60)
     assert done.returncode == 0, done.stderr
     return dict(json.loads(done.stdout))
 
 
 def _gunicorn_config(env: dict[str, str]) -> str:
-    done = subprocess.run([sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py",
+    done = spawn.run([sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py",
                            "--print-config", "coordinator_project.wsgi"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -1,0 +1,90 @@
+"""The suite's process launcher (tests/spawn.py): a program forked from the zygote behaves as
+the same program started by a new interpreter, as far as a test can see."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import spawn
+
+SCRIPT = """\
+import atexit, os, sys, threading, time
+print(__name__, os.path.basename(sys.argv[0]), sys.argv[1:], os.getcwd() == os.environ["EXPECT_CWD"],
+      os.environ.get("ONLY_HERE"), "DJANGO_SETTINGS_MODULE" in os.environ)
+print("to stderr", file=sys.stderr)
+atexit.register(lambda: print("atexit ran"))
+threading.Thread(target=lambda: (time.sleep(0.2), print("thread joined"))).start()
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def _both(args: list[str], **kwargs: object) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    new = subprocess.run(args, capture_output=True, text=True, timeout=60, **kwargs)  # type: ignore[call-overload]
+    forked = spawn.run(args, capture_output=True, text=True, timeout=60, **kwargs)
+    return new, forked
+
+
+def test_a_script_sees_its_argv_cwd_env_and_exits_as_from_a_new_interpreter(tmp_path: Path):
+    script = tmp_path / "prog.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "EXPECT_CWD": str(tmp_path), "ONLY_HERE": "yes"}
+    new, forked = _both([sys.executable, str(script), "3", "x"], cwd=tmp_path, env=env)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (new.returncode, new.stdout, new.stderr)
+    assert forked.returncode == 3
+    assert forked.stdout.splitlines() == ["__main__ prog.py ['3', 'x'] True yes " + str("DJANGO_SETTINGS_MODULE" in env),
+                                          "thread joined", "atexit ran"]
+
+
+def test_an_uncaught_exception_and_a_module_run_as_main_match_a_new_interpreter(tmp_path: Path):
+    new, forked = _both([sys.executable, "-c", "import sys; print(sys.argv); raise ValueError('boom')", "a"])
+    assert forked.returncode == new.returncode == 1
+    assert forked.stdout == new.stdout == "['-c', 'a']\n"
+    assert forked.stderr.splitlines()[-1] == new.stderr.splitlines()[-1] == "ValueError: boom"
+    data = tmp_path / "in.json"
+    data.write_text('{"b": 1, "a": [1, 2]}')
+    new, forked = _both([sys.executable, "-m", "json.tool", "--sort-keys", str(data)])
+    assert (forked.returncode, forked.stdout) == (new.returncode, new.stdout) == (0, new.stdout)
+    assert '"a": [' in forked.stdout
+
+
+@pytest.mark.skipif(os.environ.get("RSC_TEST_ZYGOTE") == "0", reason="RSC_TEST_ZYGOTE=0: no zygote")
+def test_the_zygote_runs_it_in_a_session_of_its_own_and_signals_reach_it():
+    proc = spawn.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        assert isinstance(proc, spawn.ZygoteProcess)  # not a fallback to subprocess
+        assert os.getpgid(proc.pid) == proc.pid
+        assert proc.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == -signal.SIGTERM
+    finally:
+        proc.kill()
+
+
+def test_input_and_a_timeout_work_as_with_subprocess():
+    done = spawn.run([sys.executable, "-c", "import sys; print(sys.stdin.read().upper())"], input="hello",
+                     capture_output=True, text=True, timeout=60)
+    assert done.stdout == "HELLO\n"
+    with pytest.raises(subprocess.TimeoutExpired):
+        spawn.run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)
+
+
+def test_what_only_a_new_interpreter_reproduces_goes_to_subprocess():
+    # Interpreter flags, another executable, gevent's patching, a setting read at start-up,
+    # gunicorn without the shipped config (which patches before the app loads).
+    procs = [
+        spawn.Popen([sys.executable, "-u", "-c", "pass"]),
+        spawn.Popen(["true"]),
+        spawn.Popen([sys.executable, "-c", "import gevent"]),
+        spawn.Popen([sys.executable, "-c", "pass"], env={**os.environ, "PYTHONHASHSEED": "1"}),
+        spawn.Popen([sys.executable, "-m", "gunicorn", "--version"], stdout=subprocess.DEVNULL),
+    ]
+    for proc in procs:
+        assert type(proc) is subprocess.Popen, proc.args
+        assert proc.wait(30) == 0, proc.args
