@@ -235,17 +235,18 @@ def available() -> bool:
     return "liveness" in connections.databases and getattr(settings, "RSC_FAST_PATH", True)
 
 
-def _liveness_query(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple | None:
+def _liveness_query(sql: str, params: Sequence[Any] | Mapping[str, Any], *, many: bool = False) -> Any:
+    """The statement's first row (None: no row), or with `many` all its rows."""
     conn = connections["liveness"]
     # `pool`: PostgreSQL's wrapper has it (Django 5.1+; None unless DB_POOL), the only engine
     # with a liveness alias; django-stubs declares neither it nor the alias's engine.
     pool = conn.pool if not conn.in_atomic_block else None  # type: ignore[attr-defined]
     if pool is not None:  # gevent workers: a connection of the pool, given back at once
-        return _pooled_query(pool, sql, params)
+        return _pooled_query(pool, sql, params, many=many)
     try:
         with conn.cursor() as cursor:
             cursor.execute(sql, params)
-            return cursor.fetchone()
+            return cursor.fetchall() if many else cursor.fetchone()
     except DatabaseError as exc:
         # No per-request health-check ping on this connection (a round trip per heartbeat),
         # and its statements are prepared (a migration can invalidate them): on any error
@@ -255,7 +256,7 @@ def _liveness_query(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tupl
         raise
 
 
-def _pooled_query(pool: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple | None:
+def _pooled_query(pool: Any, sql: str, params: Sequence[Any] | Mapping[str, Any], *, many: bool = False) -> Any:
     """`_liveness_query` on a connection of the alias's pool itself (gevent workers), without
     Django's wrapper: its per-request connect (checkout, connection setup, a signal) and
     cursor wrapping were ~40 % of a group read's CPU, and a steady heartbeat's one read is the
@@ -266,7 +267,7 @@ def _pooled_query(pool: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]
     try:
         with pool.connection() as raw, raw.cursor() as cursor:
             cursor.execute(sql, params)
-            return cursor.fetchone()
+            return cursor.fetchall() if many else cursor.fetchone()
     except psycopg.Error as exc:  # the pool drops a broken connection when it is given back
         log.warning("steady heartbeat path failed, using the locked path: %s", exc)
         raise DatabaseError(str(exc)) from exc
@@ -436,12 +437,12 @@ def _from_snapshot(group_pk: int, snap: snapshot_cache.Snapshot, req: HeartbeatR
     steady, fresh, seen, session_ms = _decide(group_pk, snap, req, now)
     if steady is None:
         return None
-    if fresh and steady.report is not None:
+    if fresh and steady.report is not None and not HELD_REPORTS.holds(group_pk, snap.version, steady):
         # The first answer to this report here since the member was last touched: the report
         # may be new (it changes once per grant change, which touches the member). It is
         # written before the answer goes out, so a locked heartbeat on any host at the
         # previous epoch with ownedShards omitted (R3) reads it; only last-seen waits for the
-        # batch (issue 23.4).
+        # batch (issue 23.4). Not when the row is known to hold it already (HELD_REPORTS).
         return steady.answer if _stamp_now(steady, now) else None
     if not STAMPS.recent(steady.member_pk, seen, now, session_ms):
         # Neither the snapshot nor this process's written stamps show the member heard within
@@ -535,6 +536,101 @@ def _by_statement(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAns
         ),
         row[2],
     )
+
+
+# --- reports the member rows hold already ----------------------------------------------------
+# Each member's first answer here after a locked pass touched it writes its report at once
+# (above), though another process has often written that same report: after a join storm every
+# member's grant report is written by the process that first answered it, then again by each
+# other one (issue 26: ~10,000 redundant writes at 10,000 members, the first seconds after the
+# storm at 0.55-0.75x the steady rate). One read of the group's reports replaces them.
+_HELD_SQL = f"""
+SELECT m.{_c(MemberRow, "id")}, m.{_c(MemberRow, "member_epoch")}, m.{_c(MemberRow, "last_reported_owned")}::text
+  FROM {_M} AS m
+ WHERE m.{_c(MemberRow, "group")} = %s
+   AND m.{_c(MemberRow, "status")} {_SAME} %s
+"""
+HELD_MISSES = 64  # first answers of one version that wrote at once before a read is worth it
+HELD_SETTLED_S = 1.0  # how long a version has been current here before its reports are read
+HELD_READ_EVERY_S = 2.0  # at most one read per group this often
+
+
+@dataclass
+class _Held:
+    version: int  # the group's state_version this knowledge belongs to
+    since: float  # when this process first saw that version (monotonic)
+    rows: dict[int, tuple[int, str]]  # member row id -> (member epoch, report as the writer dumps it)
+    misses: int = 0  # first answers of this version that found no matching row here
+    read_at: float = float("-inf")
+    reading: bool = False
+
+
+class _HeldReports:
+    """What each STABLE member's row held as its last report at this process's last read of the
+    group, trusted only while the group's state_version is the one current here then.
+
+    Between two locked writes (each raises state_version) a member's report changes only by a
+    stamp of its own next heartbeat; a member reports a grant change once (the memo's own
+    assumption, Snapshot.steady). So when the row held this member's report at this epoch, the
+    row holds its latest report (R3 reads it) and writing it again changes nothing."""
+
+    def __init__(self, fetch: Callable[[int], list[tuple[int, int, str | None]]]) -> None:
+        self._fetch = fetch
+        self._lock = threading.Lock()
+        self._groups: dict[int, _Held] = {}
+        self.reads = 0  # observability for tests
+
+    def reset(self) -> None:
+        with self._lock:
+            self._groups.clear()
+
+    def holds(self, group_pk: int, version: int, steady: _Steady) -> bool:
+        """Whether the member's row is known to hold `steady`'s report at its epoch. A miss may
+        read the group's reports (in this request) once a version has settled here."""
+        held = self._current(group_pk, version)
+        if held.rows.get(steady.member_pk) == (steady.member_epoch, steady.report):
+            return True
+        now = time.monotonic()
+        with self._lock:
+            held.misses += 1
+            if (held.reading or held.misses < HELD_MISSES or now - held.since < HELD_SETTLED_S
+                    or now - held.read_at < HELD_READ_EVERY_S):
+                return False
+            held.reading, held.read_at, held.misses = True, now, 0
+        try:
+            rows = self._fetch(group_pk)
+            # PostgreSQL's text of the stored report: equal to the writer's JSON only if the
+            # value is equal (another spelling of an equal value is a miss: written again).
+            held.rows = {pk: (epoch, owned) for pk, epoch, owned in rows if owned is not None}
+            self.reads += 1
+        except DatabaseError:  # logged by the query; the writes go on as before
+            return False
+        finally:
+            held.reading = False
+        return held.rows.get(steady.member_pk) == (steady.member_epoch, steady.report)
+
+    def _current(self, group_pk: int, version: int) -> _Held:
+        held = self._groups.get(group_pk)
+        if held is not None and held.version == version:
+            return held
+        with self._lock:
+            held = self._groups.get(group_pk)
+            if held is not None and version < held.version:
+                return _Held(version, time.monotonic(), {})  # a slower read's older version: no knowledge
+            if held is None or held.version != version:
+                held = self._groups[group_pk] = _Held(version, time.monotonic(), {})  # what was read is dropped
+            return held
+
+
+HELD_REPORTS: _HeldReports = PROCESS.own(
+    "reports the rows hold", _HeldReports(
+        lambda group_pk: _liveness_query(_HELD_SQL, (group_pk, MemberStatus.STABLE.value), many=True)),
+    "key: group id -> its state_version, and each STABLE member row's epoch and last report as"
+    " last read; bound: one group's members per group served, read at most every"
+    " HELD_READ_EVERY_S once HELD_MISSES first answers wrote at once; invalidated: another"
+    " state_version seen here drops it (every locked write on any host raises it); N hosts: a"
+    " read of the database, trusted for that version only.",
+)
 
 
 # --- batched last-seen stamps ---------------------------------------------------------------

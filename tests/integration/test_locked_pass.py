@@ -598,3 +598,54 @@ def test_i26_2_a_slow_locked_pass_is_logged_with_its_parts(hb: Hb, monkeypatch, 
     assert len(slow) == 1, slow
     assert "for 1 heartbeats (lock and load" in slow[0], slow[0]
     assert "save and commit" in slow[0], slow[0]
+
+
+def test_i26_r3_a_first_answer_whose_report_the_row_holds_writes_nothing_at_once(hb: Hb, monkeypatch):
+    """After a join storm each member's grant report was written by the process that answered
+    it first; every other process's first answer to it would write it again (issue 26). One
+    read of the group's reports (HELD_REPORTS) spares those writes, and only those: a report
+    the row does not hold is still written before its answer (R3 across processes), and a
+    locked write (a new state_version) makes what was read useless."""
+    a = beat("a", 0)
+    granted = tuple(a.assignment.assigned)
+    assert len(granted) >= 2
+    fastpath.STAMPS.stop()
+    monkeypatch.setattr(fastpath, "STAMP_PERIOD", 60.0)
+    # Read at the first miss of a version (the service reads after 64, once settled 1 s).
+    monkeypatch.setattr(fastpath, "HELD_MISSES", 1)
+    monkeypatch.setattr(fastpath, "HELD_SETTLED_S", 0.0)
+    monkeypatch.setattr(fastpath, "HELD_READ_EVERY_S", 0.0)
+    group_pk = Group.objects.get(name="g1").pk
+
+    def first_answer(owned: tuple[str, ...]) -> list[str]:
+        """The liveness statements of a steady answer this process has not memoized (as on
+        another process that did not answer the report before)."""
+        snapshot_cache._snapshots[group_pk].steady.clear()
+        req = HeartbeatRequest(member_id="a", member_epoch=a.member_epoch, metadata_epoch=1, owned_shards=owned)
+        with CaptureQueriesContext(connections["liveness"]) as queries:
+            assert heartbeat_service("g1", req, timezone.now()).path == "fast"
+        return [q["sql"] for q in queries.captured_queries]
+
+    def stored() -> tuple[str, ...] | None:
+        with transaction.atomic():  # what another host's locked pass loads
+            state, _ = rows.load_state(rows.lock_group("g1"), "a")
+        return state.members["a"].last_reported_owned
+
+    try:
+        beat("a", a.member_epoch, owned_shards=granted)  # the first process writes the report
+        assert stored() == granted
+        sql = first_answer(granted)
+        assert not [s for s in sql if "UPDATE" in s], sql  # the row holds it: last-seen is batched
+        assert len(fastpath.STAMPS._pending) == 1
+        reads = fastpath.HELD_REPORTS.reads
+        assert reads >= 1
+        # A report the row does not hold is written before the answer goes out.
+        sql = first_answer(granted[:1])
+        assert [s for s in sql if "UPDATE" in s], sql
+        assert stored() == granted[:1]
+        # A locked write raises state_version: what was read belongs to the old version.
+        beat("b", 0)
+        version = Group.objects.get(name="g1").state_version
+        assert fastpath.HELD_REPORTS._current(group_pk, version).rows == {}
+    finally:
+        fastpath.STAMPS.stop()
