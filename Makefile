@@ -36,12 +36,18 @@ TEST_WORKERS ?= 4
 # The suite starts hundreds of Python processes (servers, manage.py, members); where
 # PYTHONDONTWRITEBYTECODE is set none of them caches bytecode, and in a fresh clone each compiles
 # the project's modules again. compileall writes them once (stale ones only) to __pycache__.
+# pytest caches each test module with its asserts rewritten, but not where that variable is
+# set: then every xdist worker rewrote them all (~5 of its ~9 CPU-s of collection). pytest runs
+# without it, and one collection writes that cache while the import check and compileall run.
+TEST_ENV = env -u PYTHONDONTWRITEBYTECODE DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} \
+	REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)}
 test: install
-	$(VENV)/bin/lint-imports --no-logo --no-cache
-	$(PY) -m compileall -q -x '/(build|var|node_modules)/' coordinator_project coordination groups members \
-		assignments webserver dataplane tests bench scripts manage.py > /dev/null
-	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
-		$(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
+	$(TEST_ENV) $(VENV)/bin/pytest -q -p no:cacheprovider --collect-only $(PYTEST_ARGS) > /dev/null 2>&1 & warm=$$!; \
+	$(VENV)/bin/lint-imports --no-logo --no-cache \
+	&& $(PY) -m compileall -q -x '/(build|var|node_modules)/' coordinator_project coordination groups members \
+		assignments webserver dataplane tests bench scripts manage.py > /dev/null; \
+	status=$$?; wait $$warm; exit $$status
+	$(TEST_ENV) $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
