@@ -405,7 +405,7 @@ def steady_heartbeat(group: str, req: HeartbeatRequest, now: datetime) -> Steady
             PROCESS.observe_generation(row[-1])  # a restore: everything cached here is dropped
             snap = snapshot_cache.steady_snapshot(group_pk, version, shape)
             if snap is not None:
-                return _from_snapshot(group_pk, snap, req, now)
+                return _from_snapshot(group_pk, version, snap, req, now)
             answer = _by_statement(group, req, now)
             # Catch up here at most once a second: while a group churns, its locked
             # heartbeats keep this process's snapshot current anyway.
@@ -432,12 +432,14 @@ class _Steady:
     report: str | None  # the ownedShards report as the column stores it; None: not sent
 
 
-def _from_snapshot(group_pk: int, snap: snapshot_cache.Snapshot, req: HeartbeatRequest,
+def _from_snapshot(group_pk: int, version: int, snap: snapshot_cache.Snapshot, req: HeartbeatRequest,
                    now: datetime) -> SteadyAnswer | None:
+    """`version`: the state_version this heartbeat's group read returned (the snapshot, given
+    back after _decide, may already be another pass's)."""
     steady, fresh, seen, session_ms = _decide(group_pk, snap, req, now)
     if steady is None:
         return None
-    if fresh and steady.report is not None and not HELD_REPORTS.holds(group_pk, snap.version, steady):
+    if fresh and steady.report is not None and not HELD_REPORTS.holds(group_pk, version, steady):
         # The first answer to this report here since the member was last touched: the report
         # may be new (it changes once per grant change, which touches the member). It is
         # written before the answer goes out, so a locked heartbeat on any host at the

@@ -303,14 +303,13 @@ class ZygoteProcess:
     """A child of the zygote, with the parts of ``subprocess.Popen`` the tests use."""
 
     def __init__(self, args: Sequence[str], conn: socket.socket, pid: int, stdin: IO[Any] | None,
-                 stdout: IO[Any] | None, stderr: IO[Any] | None, text: bool) -> None:
+                 stdout: IO[Any] | None, stderr: IO[Any] | None) -> None:
         self.args = list(args)
         self.pid = pid
         self.returncode: int | None = None
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self._conn = conn
         self._buf = b""
-        self._text = text
         self._readers: dict[str, tuple[threading.Thread, list[Any]]] = {}
         self._lock = threading.Lock()  # one reader of the zygote's reply (poll from a watcher thread)
 
@@ -469,7 +468,7 @@ def Popen(args: Any, **kwargs: Any) -> Any:
         return io.TextIOWrapper(raw, encoding=kwargs.get("encoding") or "utf-8",  # type: ignore[arg-type]
                                 errors=kwargs.get("errors") or "strict", write_through=mode == "w")
 
-    return ZygoteProcess(list(args), conn, pid, wrap(in_ours, "w"), wrap(out_ours, "r"), wrap(err_ours, "r"), text)
+    return ZygoteProcess(list(args), conn, pid, wrap(in_ours, "w"), wrap(out_ours, "r"), wrap(err_ours, "r"))
 
 
 def run(args: Any, *, input: Any = None, capture_output: bool = False,
