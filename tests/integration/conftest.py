@@ -200,7 +200,7 @@ class LiveServer:
 
 @contextmanager
 def running_gunicorn(port: int | None = None, log_file: Path | None = None, quick_stop: bool = False,
-                     workers: int = 2, **extra_env: str) -> Iterator[LiveServer]:
+                     workers: int = 2, new_interpreter: bool = False, **extra_env: str) -> Iterator[LiveServer]:
     """Real gunicorn with the shipped config (2 gevent workers) on the test database (on
     ``port``: a restart where clients already point; its output to ``log_file`` if given).
     Stopped gracefully (SIGTERM: requests in progress finish), or with ``quick_stop`` at once
@@ -210,7 +210,9 @@ def running_gunicorn(port: int | None = None, log_file: Path | None = None, quic
     port = port or free_port()
     env = {**os.environ, "DATABASE_URL": live_database_url(), "PYTHONUNBUFFERED": "1", **extra_env}
     log = log_file.open("ab") if log_file is not None else None
-    proc = spawn.Popen(
+    # Forked from the test zygote (tests/spawn.py) unless the test measures the master's own
+    # start (new_interpreter): there the libraries are loaded already.
+    proc = (subprocess.Popen if new_interpreter else spawn.Popen)(
         [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-w", str(workers),
          "-b", f"127.0.0.1:{port}", "--log-level", "warning", "coordinator_project.wsgi"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log is not None else None,
