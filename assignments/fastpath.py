@@ -189,22 +189,30 @@ UPDATE {_M} AS m
    AND {_NEVER_BACK}
 """
 
-# One member's stamp written at once, with the same checks (a steady heartbeat whose report
-# may be new: R3 reads the last report from the row, on any host, with no batch in between).
-# A row is returned when the member is STABLE at the stamp's epoch, whether or not the stamp
+# Members' stamps written at once, with the same checks (steady heartbeats whose report may
+# be new: R3 reads the last report from the row, on any host, with no batch in between); one
+# statement for the heartbeats of a process that wait at the same time (`_ReportWrites`).
+# Each row returns its member's epoch, when the member is STABLE: the member's stamp counts as
+# written when that is the stamp's epoch (the caller compares), whether or not the stamp
 # was written: a row holding a newer stamp (another request of the member, on this or
 # another process, stamped it since this one arrived) needs nothing from this one, which a
 # later heartbeat of the member would overwrite anyway. Sending that heartbeat to the locked
 # path instead raised state_version for nothing and so emptied every process's snapshot and
 # memo (issue 26.2: at 10,000 members ~40 such passes a second kept the steady path cold).
 # The UPDATE is a data-modifying CTE: it runs to completion though the SELECT does not read it.
-_STAMP_NOW_SQL = f"""
+# `{skip}`: the shared statement (_STAMPS_NOW_SQL) skips rows another transaction holds (a
+# locked pass writing those members, another process's stamps), in id order, so it never
+# waits for a lock and the heartbeats that joined it never queue behind one (decision 0018:
+# they did, and storms slowed); a member whose row was skipped is written alone
+# (_STAMP_NOW_SQL, which waits for the row as a single heartbeat's statement always did).
+_STAMP_NOW_TEMPLATE = f"""
 WITH locked AS (
     SELECT m.{_c(MemberRow, "id")} AS id, m.{_c(MemberRow, "member_epoch")} AS member_epoch
       FROM {_M} AS m
      WHERE m.{_c(MemberRow, "id")} = ANY(%(ids)s::bigint[])
        AND m.{_c(MemberRow, "status")} {_SAME} %(stable)s                           -- R8/L1/L2: still STABLE
-       FOR NO KEY UPDATE
+     {{order}}
+       FOR NO KEY UPDATE{{skip}}
 ), v AS (
     SELECT * FROM {_STAMP_ROWS}
 ), stamped AS (
@@ -218,8 +226,10 @@ WITH locked AS (
        AND m.{_c(MemberRow, "member_epoch")} = v.epoch                               -- R3: still that epoch
        AND {_NEVER_BACK}
 )
-SELECT locked.id FROM locked JOIN v ON v.id = locked.id AND v.epoch = locked.member_epoch
+SELECT locked.id, locked.member_epoch FROM locked JOIN v ON v.id = locked.id
 """
+_STAMP_NOW_SQL = _STAMP_NOW_TEMPLATE.format(order="", skip="")
+_STAMPS_NOW_SQL = _STAMP_NOW_TEMPLATE.format(order=f"ORDER BY m.{_c(MemberRow, 'id')}", skip=" SKIP LOCKED")
 
 _refreshed: ProcessCache[int, float] = PROCESS.own(
     "snapshot refresh times", ProcessCache(),
@@ -499,19 +509,137 @@ def _decide(group_pk: int, snap: snapshot_cache.Snapshot, req: HeartbeatRequest,
 
 
 def _stamp_now(steady: _Steady, now: datetime) -> bool:
-    """Write the member's stamp at once (unless the row holds a newer one); False when the row
-    is no longer STABLE at that epoch: the caller lets the locked path answer."""
-    rows = {steady.member_pk: (now, steady.report, steady.member_epoch)}
-    params = {"rows": _stamp_rows(rows), "ids": "{" + str(steady.member_pk) + "}",
+    """Write the member's stamp before answering (unless the row holds a newer one); False when
+    the row is no longer STABLE at that epoch: the caller lets the locked path answer."""
+    return _REPORT_WRITES.write(steady.member_pk, now, steady.report, steady.member_epoch)
+
+
+class _Write:
+    """One statement of stamps written at once, shared by the heartbeats that joined it before
+    it started."""
+
+    __slots__ = ("done", "epochs", "error", "rows")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.rows: dict[int, tuple[datetime, str | None, int]] = {}  # member row id -> stamp
+        self.epochs: dict[int, int] = {}  # member row id -> its epoch, where the row is STABLE
+        self.error: BaseException | None = None
+
+
+class _ReportWrites:
+    """Stamps that must reach the database before their answers go out, one statement per
+    batch of heartbeats waiting at the same time (a group commit; `_GroupReads`' shape).
+
+    Right after a join storm every member's first report of its grant is new, and each was a
+    statement of its own: at 10,000 members about half of the first seconds' heartbeats
+    (issue 26). A heartbeat joins the next statement if it has not started, else waits for the
+    running one and then starts or joins the next; each answer still waits for the commit of a
+    statement that holds its stamp, so R3 reads it on any host once the answer is out."""
+
+    def __init__(self, execute: Callable[[dict[int, tuple[datetime, str | None, int]], bool], dict[int, int]],
+                 *, cooperative: bool = False) -> None:
+        self._execute = execute  # (rows, shared) -> member row id -> epoch, for the STABLE ones
+        self.cooperative = cooperative  # chosen at worker start (configure), never sniffed
+        self._lock = threading.Lock()
+        self._next: _Write | None = None  # the statement not started yet (others join it)
+        self._running: _Write | None = None
+        self.statements = 0  # observability for tests
+
+    def configure(self, *, cooperative: bool) -> None:
+        self.cooperative = cooperative
+
+    def reset(self) -> None:
+        with self._lock:
+            self._next = self._running = None
+
+    def write(self, member_pk: int, now: datetime, report: str | None, epoch: int) -> bool:
+        while True:
+            with self._lock:
+                write = self._next
+                lead = write is None
+                if write is None:
+                    write = self._next = _Write()
+                prev = write.rows.get(member_pk)
+                if prev is None or prev[0] <= now:  # two of one member: the newer stamp stands
+                    write.rows[member_pk] = (now, report, epoch)
+            if lead:
+                self._lead(write)
+            else:
+                waiting.wait(write.done)
+            if write.error is _ABANDONED:
+                continue  # its leader was dropped before writing: write again
+            if write.error is not None:  # logged by the query; the batch writes it instead
+                STAMPS.add(member_pk, now, report, epoch)
+                return True
+            held = write.epochs.get(member_pk)
+            if held is None and len(write.rows) > 1:
+                # Skipped (its row was locked) or not STABLE: written alone, waiting for the row.
+                held = self._execute_one({member_pk: (now, report, epoch)}).get(member_pk)
+            if held != epoch:
+                return False
+            STAMPS.written(member_pk, now)
+            return True
+
+    def _execute_one(self, rows: dict[int, tuple[datetime, str | None, int]]) -> dict[int, int]:
+        try:
+            epochs = self._execute(rows, False)
+        except DatabaseError:  # logged by the query; the batch writes it instead
+            ((pk, (now, report, epoch)),) = rows.items()
+            STAMPS.add(pk, now, report, epoch)
+            return {pk: epoch}
+        self.statements += 1
+        return epochs
+
+    def _lead(self, write: _Write) -> None:
+        # As _GroupReads._lead: a dropped leader must still end its statement's wait.
+        try:
+            with self._lock:
+                running = self._running
+            if running is not None:
+                waiting.wait(running.done)  # joiners keep arriving meanwhile
+            elif self.cooperative:
+                time.sleep(0)  # one pass through the worker's ready requests: they join
+        except BaseException:
+            with self._lock:
+                if self._next is write:
+                    self._next = None
+            write.error = _ABANDONED
+            write.done.set()
+            raise
+        with self._lock:
+            if self._next is write:
+                self._next = None  # started: later heartbeats wait for the next one
+            self._running = write
+        try:
+            write.epochs = self._execute(write.rows, len(write.rows) > 1)
+            self.statements += 1
+        except DatabaseError as exc:
+            write.error = exc
+        except BaseException:
+            write.error = _ABANDONED
+            raise
+        finally:
+            with self._lock:
+                if self._running is write:
+                    self._running = None
+            write.done.set()
+
+
+def _write_now(rows: dict[int, tuple[datetime, str | None, int]], shared: bool) -> dict[int, int]:
+    """`shared`: the statement of several heartbeats (locked rows skipped), else one's own."""
+    params = {"rows": _stamp_rows(rows), "ids": "{" + ",".join(map(str, rows)) + "}",
               "stable": MemberStatus.STABLE.value}
-    try:
-        written = _liveness_query(_STAMP_NOW_SQL, params) is not None
-    except DatabaseError:  # logged; the batch writes it instead
-        STAMPS.add(steady.member_pk, now, steady.report, steady.member_epoch)
-        return True
-    if written:
-        STAMPS.written(steady.member_pk, now)
-    return written
+    return dict(_liveness_query(_STAMPS_NOW_SQL if shared else _STAMP_NOW_SQL, params, many=True))
+
+
+_REPORT_WRITES: _ReportWrites = PROCESS.own(
+    "stamps written at once", _ReportWrites(_write_now),
+    "key: none (one per process) -> the statement of stamps not started yet and the one in"
+    " flight; bound: two; invalidated: each is written once, for the heartbeats that joined"
+    " it; N hosts: a write to the database, answered after its commit.",
+    start=lambda process: _REPORT_WRITES.configure(cooperative=process.cooperative),
+)
 
 
 def _by_statement(group: str, req: HeartbeatRequest, now: datetime) -> SteadyAnswer | None:

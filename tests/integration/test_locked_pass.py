@@ -649,3 +649,40 @@ def test_i26_r3_a_first_answer_whose_report_the_row_holds_writes_nothing_at_once
         assert fastpath.HELD_REPORTS._current(group_pk, version).rows == {}
     finally:
         fastpath.STAMPS.stop()
+
+
+def test_i26_r3_reports_written_at_once_share_one_statement_that_checks_each_member(hb: Hb):
+    """The stamps steady heartbeats write before answering go in one statement per batch
+    (fastpath._ReportWrites): on PostgreSQL it writes each member that is STABLE at its
+    stamp's epoch, returns each STABLE member's epoch, writes nothing else, and skips a row
+    another transaction holds instead of waiting for it."""
+    a = beat("a", 0)
+    b = beat("b", 0)
+    a = beat("a", a.member_epoch, owned_shards=a.assignment.assigned)
+    revoked = tuple(RevokeReport(shard=s, state="REVOKED") for s in a.assignment.revoking)
+    a = beat("a", a.member_epoch, owned_shards=a.assignment.assigned, revoking_shards=revoked)
+    b = beat("b", b.member_epoch)
+    assert Member.objects.get(member_id="a").status == Member.objects.get(member_id="b").status == "STABLE"
+    c = beat("c", 0)  # c is not STABLE (it waits for shards): its stamp is not written
+    assert Member.objects.get(member_id="c").status != "STABLE"
+    pk = {m.member_id: m.pk for m in Member.objects.filter(group__name="g1")}
+    before = {m.member_id: m.last_heartbeat_at for m in Member.objects.filter(group__name="g1")}
+    later = timezone.now()
+    a_report = '["' + a.assignment.assigned[0] + '"]'
+    stamps = {
+        pk["a"]: (later, a_report, a.member_epoch),
+        pk["b"]: (later, '["x"]', b.member_epoch + 1),  # an epoch the member is not at
+        pk["c"]: (later, None, c.member_epoch),
+    }
+    with transaction.atomic():  # another transaction holds a's row (a locked pass writing it)
+        Member.objects.select_for_update(no_key=True).get(pk=pk["a"])
+        assert fastpath._write_now(stamps, True) == {pk["b"]: b.member_epoch}  # a skipped, not waited for
+    assert Member.objects.get(pk=pk["a"]).last_heartbeat_at == before["a"]
+    held = fastpath._write_now(stamps, True)
+    assert held == {pk["a"]: a.member_epoch, pk["b"]: b.member_epoch}  # c: not STABLE
+    rows_after = {m.member_id: m for m in Member.objects.filter(group__name="g1")}
+    assert rows_after["a"].last_heartbeat_at == later
+    assert rows_after["a"].last_reported_owned == [a.assignment.assigned[0]]
+    assert rows_after["b"].last_heartbeat_at == before["b"]  # not its epoch: untouched
+    assert rows_after["b"].last_reported_owned != ["x"]
+    assert rows_after["c"].last_heartbeat_at == before["c"]
