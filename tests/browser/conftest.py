@@ -5,9 +5,11 @@ root); if that is impossible the tests skip and say why.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +37,13 @@ def _install_browser() -> str | None:
         return "chromium is not installed and apt-get is not available"
     if os.geteuid() != 0:
         return "chromium is not installed and installing it needs root (apt-get install chromium chromium-driver)"
+    # Each xdist worker's session asks: one installs while the others wait, then find it.
+    with open(Path(tempfile.gettempdir()) / "rsc-chromium-install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return None if _have_browser() else _apt_install()
+
+
+def _apt_install() -> str | None:
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"]):
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -223,14 +224,49 @@ def coordinator() -> Iterator[FakeCoordinator]:
 
 
 def _free_port() -> int:
+    """A loopback port that is free, and whose cluster bus port (port + 10000) is free too."""
     import socket
 
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port < 55000:  # the cluster bus listens on port + 10000
-            return port
+        if port >= 55000:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:  # taken (an outgoing connection's port, say): another one
+                continue
+        return port
+
+
+def _start_cluster_node(tmp_path_factory) -> tuple[int, subprocess.Popen]:
+    """A cluster-enabled redis-server on a free port, answering PING. Between choosing a port
+    and binding it another process of the machine may take the port or its bus port: then
+    the server exits, and another port is tried (its last words are in the failure)."""
+    for _attempt in range(10):
+        port = _free_port()
+        d = tmp_path_factory.mktemp(f"cluster-{port}")
+        log = d / "redis.log"
+        proc = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+             "--cluster-config-file", str(d / "nodes.conf"), "--dir", str(d), "--save", "",
+             "--appendonly", "no", "--logfile", str(log)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+        def up(p: int = port, server: subprocess.Popen = proc) -> bool:
+            if server.poll() is not None:  # exited: no use waiting
+                return True
+            ping = subprocess.run(["redis-cli", "-p", str(p), "ping"], capture_output=True,
+                                  text=True)
+            return ping.stdout.strip() == "PONG"
+
+        wait_until(up, timeout=20, interval=0.05, what=f"node {port}")
+        if proc.poll() is None:
+            return port, proc
+    raise AssertionError(f"no cluster node started; the last one said: {log.read_text()[-500:]}")
 
 
 @pytest.fixture(scope="session")
@@ -244,45 +280,12 @@ def cluster_url(tmp_path_factory) -> Iterator[str]:
     if not shutil.which("redis-server") or not shutil.which("redis-cli"):
         pytest.skip("redis-server / redis-cli not installed")
     procs: list[subprocess.Popen] = []
-    ports = [_free_port() for _ in range(3)]
+    ports: list[int] = []
     try:
-        for port in ports:
-            d = tmp_path_factory.mktemp(f"cluster-{port}")
-            procs.append(
-                subprocess.Popen(
-                    [
-                        "redis-server",
-                        "--port",
-                        str(port),
-                        "--bind",
-                        "127.0.0.1",
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        str(d / "nodes.conf"),
-                        "--dir",
-                        str(d),
-                        "--save",
-                        "",
-                        "--appendonly",
-                        "no",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-        for port in ports:
-            wait_until(
-                lambda p=port: (
-                    subprocess.run(
-                        ["redis-cli", "-p", str(p), "ping"], capture_output=True, text=True
-                    ).stdout.strip()
-                    == "PONG"
-                ),
-                timeout=20,
-                interval=0.05,
-                what=f"node {port}",
-            )
+        for _ in range(3):
+            port, proc = _start_cluster_node(tmp_path_factory)
+            ports.append(port)
+            procs.append(proc)
         subprocess.run(
             [
                 "redis-cli",
