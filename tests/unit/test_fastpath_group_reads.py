@@ -4,19 +4,12 @@ Pure concurrency logic of `_GroupReads`: the row read is a stand-in that blocks 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 import pytest
 
 from assignments.fastpath import _GroupReads
-
-
-def _until(predicate: Callable[[], bool], what: str, seconds: float = 10) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
+from tests.polling import until as _until
 
 
 class _Database:
@@ -86,6 +79,7 @@ import django
 django.setup()  # the module's models; nothing here touches a database
 from assignments import fastpath
 from assignments.fastpath import _GroupReads
+from tests.polling import until as _until
 from coordinator_project.process_state import PROCESS
 PROCESS.start(cooperative=True)  # as gunicorn's post_worker_init does on a gevent worker
 

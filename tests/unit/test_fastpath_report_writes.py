@@ -6,24 +6,17 @@ is a stand-in that records its rows and blocks on events."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from assignments import fastpath
 from assignments.fastpath import _ABANDONED, _ReportWrites
+from tests.polling import until as _until
 
 T0 = datetime(2026, 12, 6, tzinfo=UTC)
 Rows = dict[int, tuple[datetime, str | None, int]]
 
-
-def _until(predicate: Callable[[], bool], what: str, seconds: float = 10) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 class _Database:
