@@ -54,6 +54,9 @@ _READ_AT_START = ("PYTHON", "PSYCOPG_", "OTEL_", "REDIS_PY", "HTTPX_")
 _PER_CHILD = {"PYTHONPATH", "PYTHONUNBUFFERED"}
 _ALLOWED_KWARGS = {"cwd", "env", "stdin", "stdout", "stderr", "text", "universal_newlines",
                    "encoding", "errors", "start_new_session", "bufsize", "close_fds"}
+# subprocess.Popen's defaults of arguments the zygote cannot honour otherwise.
+_DEFAULT_KWARGS: dict[str, Any] = {"shell": False, "executable": None, "preexec_fn": None, "pass_fds": (),
+                                   "restore_signals": True, "process_group": None}
 _HEADER = struct.Struct("!I")
 # The zygote keeps the standard library's own calls, taken before gevent patches them: patched,
 # they would start a hub here, and every child would inherit its event loop.
@@ -422,7 +425,10 @@ def _fd_for(spec: Any, default: int, mode: str, opened: list[int]) -> tuple[int,
 def Popen(args: Any, **kwargs: Any) -> Any:
     env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
     found = _program(args, env)
-    if (found is None or os.environ.get("RSC_TEST_ZYGOTE") == "0" or set(kwargs) - _ALLOWED_KWARGS
+    # An argument at subprocess's default asks for nothing a zygote does not do (a caller's
+    # `shell=False, executable=None` sent every one of its commands to a new interpreter).
+    asked = {k for k, v in kwargs.items() if not (k in _DEFAULT_KWARGS and v == _DEFAULT_KWARGS[k])}
+    if (found is None or os.environ.get("RSC_TEST_ZYGOTE") == "0" or asked - _ALLOWED_KWARGS
             or kwargs.get("close_fds") is False):
         return subprocess.Popen(args, **kwargs)
     program, flavour = found

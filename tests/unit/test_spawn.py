@@ -85,6 +85,16 @@ def test_what_only_a_new_interpreter_reproduces_goes_to_subprocess():
         spawn.Popen([sys.executable, "-c", "pass"], env={**os.environ, "PYTHONHASHSEED": "1"}),
         spawn.Popen([sys.executable, "-m", "gunicorn", "--version"], stdout=subprocess.DEVNULL),
     ]
+    # What the zygote cannot honour, asked for by an argument.
+    procs.append(spawn.Popen([sys.executable, "-c", "pass"], preexec_fn=os.getpid))
     for proc in procs:
         assert type(proc) is subprocess.Popen, proc.args
         assert proc.wait(30) == 0, proc.args
+
+
+def test_arguments_at_subprocess_defaults_still_use_the_zygote():
+    """`shell=False, executable=None` ask for nothing a zygote does not do: a helper that always
+    passes them (test_operator_errors.run) sent every command to a new interpreter."""
+    proc = spawn.Popen([sys.executable, "-c", "pass"], shell=False, executable=None, pass_fds=())
+    assert isinstance(proc, spawn.ZygoteProcess)
+    assert proc.wait(30) == 0
