@@ -499,5 +499,26 @@ def run(args: Any, *, input: Any = None, capture_output: bool = False,
     return completed
 
 
+
+# A bash function that runs a shell block's `.venv/bin/python manage.py ...` lines through the
+# zygote (tests/zygote_client.py); any other use of `.venv/bin/python` runs the interpreter.
+_SHELL_FUNCTION = (
+    '.venv/bin/python() { if [ "${1-}" = manage.py ]; then '
+    '"$RSC_TEST_PYTHON" -I -S "$RSC_TEST_CLIENT" "$@"; else command .venv/bin/python "$@"; fi; }\n'
+)
+
+
+def shell_prelude(env: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """What a bash script run with `env` starts with, and the variables it needs, so that its
+    `.venv/bin/python manage.py ...` commands are forked from this process's zygote; nothing
+    where the zygote would not run them as a new interpreter would (or RSC_TEST_ZYGOTE=0)."""
+    if os.environ.get("RSC_TEST_ZYGOTE") == "0":
+        return "", {}
+    zygote = _get_zygote("plain")
+    if not zygote.accepts(env):
+        return "", {}
+    return _SHELL_FUNCTION, {"RSC_TEST_ZYGOTE_SOCK": zygote.path, "RSC_TEST_PYTHON": sys.executable,
+                             "RSC_TEST_CLIENT": str(ROOT / "tests" / "zygote_client.py")}
+
 if __name__ == "__main__":
     _serve(sys.argv[1], sys.argv[2])

@@ -69,8 +69,12 @@ class Stack:
                 "PATH": f"{Path(sys.executable).parent}:{self.env.get('PATH', '')}"}
 
     def sh(self, code: str) -> str:
-        done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", self.put_in(code)], cwd=ROOT,
-                              env=self.block_env(), capture_output=True, text=True, timeout=300)
+        """Run a shell block in bash as printed; its `manage.py` commands are forked from the
+        test zygote (tests/spawn.shell_prelude), not new interpreters (decision 0019)."""
+        env = self.block_env()
+        prelude, needs = spawn.shell_prelude(env)
+        done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", prelude + self.put_in(code)], cwd=ROOT,
+                              env={**env, **needs}, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, f"{code}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
         assert "Traceback" not in done.stderr, done.stderr
         return done.stdout

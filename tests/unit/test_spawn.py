@@ -98,3 +98,24 @@ def test_arguments_at_subprocess_defaults_still_use_the_zygote():
     proc = spawn.Popen([sys.executable, "-c", "pass"], shell=False, executable=None, pass_fds=())
     assert isinstance(proc, spawn.ZygoteProcess)
     assert proc.wait(30) == 0
+
+
+def test_a_shell_blocks_manage_py_lines_are_forked_from_the_zygote(tmp_path: Path):
+    """The docs' shell blocks run in bash as printed; with spawn.shell_prelude their
+    `.venv/bin/python manage.py ...` lines are children of the zygote (tests/zygote_client.py),
+    with the block's environment, directory, stdio and exit status; nothing else changes."""
+    (tmp_path / "manage.py").write_text(
+        "import os, sys\nprint(os.getppid(), os.environ['BLOCK_VAR'], sys.argv[1:], os.getcwd())\n"
+        "print('to stderr', file=sys.stderr)\nsys.exit(3)\n")
+    env = {**os.environ, "BLOCK_VAR": "from-the-block"}
+    prelude, needs = spawn.shell_prelude(env)
+    assert prelude
+    script = prelude + ".venv/bin/python manage.py create_stream 'orders' --shards 8 || echo \"exit $?\""
+    done = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env={**env, **needs},
+                          capture_output=True, text=True, timeout=60)
+    parent, rest = done.stdout.split(" ", 1)
+    assert int(parent) == spawn._zygotes["plain"].proc.pid
+    assert rest.splitlines() == [f"from-the-block ['create_stream', 'orders', '--shards', '8'] {tmp_path}", "exit 3"]
+    assert done.stderr == "to stderr\n"
+    # Without the zygote (RSC_TEST_ZYGOTE=0, or an environment it would not reproduce): nothing.
+    assert spawn.shell_prelude({**env, "PYTHONHASHSEED": "7"}) == ("", {})
