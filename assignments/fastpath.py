@@ -575,21 +575,16 @@ class _ReportWrites:
             held = write.epochs.get(member_pk)
             if held is None and len(write.rows) > 1:
                 # Skipped (its row was locked) or not STABLE: written alone, waiting for the row.
-                held = self._execute_one({member_pk: (now, report, epoch)}).get(member_pk)
+                try:
+                    held = self._execute({member_pk: (now, report, epoch)}, False).get(member_pk)
+                except DatabaseError:  # logged by the query; the batch writes it instead
+                    STAMPS.add(member_pk, now, report, epoch)
+                    return True
+                self.statements += 1
             if held != epoch:
                 return False
             STAMPS.written(member_pk, now)
             return True
-
-    def _execute_one(self, rows: dict[int, tuple[datetime, str | None, int]]) -> dict[int, int]:
-        try:
-            epochs = self._execute(rows, False)
-        except DatabaseError:  # logged by the query; the batch writes it instead
-            ((pk, (now, report, epoch)),) = rows.items()
-            STAMPS.add(pk, now, report, epoch)
-            return {pk: epoch}
-        self.statements += 1
-        return epochs
 
     def _lead(self, write: _Write) -> None:
         # As _GroupReads._lead: a dropped leader must still end its statement's wait.

@@ -6,6 +6,7 @@ is a stand-in that records its rows and blocks on events."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -44,6 +45,21 @@ def _no_pending_stamps():
     fastpath.STAMPS.drop()
 
 
+def _behind_a_running_statement(db: _Database, writes: _ReportWrites, heartbeat: Callable[[int], None],
+                                first: int, later: tuple[int, ...]) -> list[threading.Thread]:
+    """`first`'s heartbeat leads a statement the database holds; then `later`'s heartbeats
+    arrive and join the next one. Their threads, started."""
+    threads = [threading.Thread(target=heartbeat, args=(first,))]
+    threads[0].start()
+    _until(lambda: len(db.statements) == 1, "the first statement to start")
+    for pk in later:
+        threads.append(threading.Thread(target=heartbeat, args=(pk,)))
+        threads[-1].start()
+    _until(lambda: writes._next is not None and len(writes._next.rows) == len(later),
+           "the later ones to join the next statement")
+    return threads
+
+
 def test_i26_r3_stamps_arriving_during_a_write_share_the_next_one_and_each_waits_for_its_own():
     db = _Database()
     writes = _ReportWrites(db.execute)
@@ -52,13 +68,7 @@ def test_i26_r3_stamps_arriving_during_a_write_share_the_next_one_and_each_waits
     def heartbeat(pk: int) -> None:
         answers[pk] = writes.write(pk, T0 + timedelta(milliseconds=pk), f'["s-{pk}"]', 3)
 
-    first = threading.Thread(target=heartbeat, args=(1,))
-    first.start()
-    _until(lambda: len(db.statements) == 1, "the first statement to start")
-    late = [threading.Thread(target=heartbeat, args=(pk,)) for pk in (2, 3)]
-    for t in late:
-        t.start()
-    _until(lambda: writes._next is not None and len(writes._next.rows) == 2, "both to join the next statement")
+    first, *late = _behind_a_running_statement(db, writes, heartbeat, 1, (2, 3))
     assert len(db.statements) == 1  # nothing else starts while statement 1 runs
     assert answers == {}  # and nobody is answered before the statement holding its stamp ends
     db.release[0].set()
@@ -119,6 +129,7 @@ def test_i26_r3_a_failed_statement_leaves_every_stamp_to_the_batch():
     writes = _ReportWrites(execute)
     assert writes.write(7, T0, '["s-7"]', 3) is True
     assert fastpath.STAMPS._pending[7] == (T0, '["s-7"]', 3)
+    assert 7 not in fastpath.STAMPS._written  # pending, not written: a later answer writes first
     assert writes._next is None
     assert writes._running is None
 
@@ -162,17 +173,42 @@ def test_i26_r3_a_member_whose_row_the_shared_statement_skipped_is_written_alone
     def heartbeat(pk: int) -> None:
         results[pk] = writes.write(pk, T0, f'["s-{pk}"]', 3)
 
-    blocker = threading.Thread(target=heartbeat, args=(9,))
-    blocker.start()
-    _until(lambda: len(db.statements) == 1, "a statement in flight")
-    joined = [threading.Thread(target=heartbeat, args=(pk,)) for pk in (1, 2)]
-    for t in joined:
-        t.start()
-    _until(lambda: writes._next is not None and len(writes._next.rows) == 2, "both to join the next statement")
+    threads = _behind_a_running_statement(db, writes, heartbeat, 9, (1, 2))
     for event in db.release[:3]:
         event.set()
-    for t in (blocker, *joined):
+    for t in threads:
         t.join(10)
     assert results == {9: True, 1: True, 2: True}
     assert [sorted(rows) for rows in db.statements] == [[9], [1, 2], [2]]
     assert db.shared == [False, True, False]  # the skipped member: its own statement, which waits
+
+
+def test_i26_r3_a_skipped_member_whose_own_statement_fails_is_left_pending_not_written():
+    """The same for the statement a skipped member writes alone: answered, its stamp pending
+    for the batch, and not counted as written (STAMPS.recent lets later answers batch only
+    what the database is known to hold)."""
+    from django.db import DatabaseError
+
+    db = _Database(locked=frozenset({2}))
+
+    def execute(rows: Rows, shared: bool) -> dict[int, int]:
+        if not shared and set(rows) == {2}:
+            raise DatabaseError("connection lost")
+        return db.execute(rows, shared)
+
+    writes = _ReportWrites(execute)
+    results: dict[int, bool] = {}
+
+    def heartbeat(pk: int) -> None:
+        results[pk] = writes.write(pk, T0, f'["s-{pk}"]', 3)
+
+    threads = _behind_a_running_statement(db, writes, heartbeat, 9, (1, 2))
+    for event in db.release:
+        event.set()
+    for t in threads:
+        t.join(10)
+    assert results == {9: True, 1: True, 2: True}
+    assert [sorted(rows) for rows in db.statements] == [[9], [1, 2]]  # 2's own statement failed
+    assert fastpath.STAMPS._pending[2] == (T0, '["s-2"]', 3)
+    assert 2 not in fastpath.STAMPS._written
+    assert 1 in fastpath.STAMPS._written
