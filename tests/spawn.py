@@ -499,7 +499,6 @@ def run(args: Any, *, input: Any = None, capture_output: bool = False,
     return completed
 
 
-
 # A bash function that runs a shell block's `.venv/bin/python manage.py ...` lines through the
 # zygote (tests/zygote_client.py); any other use of `.venv/bin/python` runs the interpreter.
 _SHELL_FUNCTION = (
@@ -519,6 +518,7 @@ def shell_prelude(env: Mapping[str, str]) -> tuple[str, dict[str, str]]:
         return "", {}
     return _SHELL_FUNCTION, {"RSC_TEST_ZYGOTE_SOCK": zygote.path, "RSC_TEST_PYTHON": sys.executable,
                              "RSC_TEST_CLIENT": str(ROOT / "tests" / "zygote_client.py")}
+
 
 if __name__ == "__main__":
     _serve(sys.argv[1], sys.argv[2])
