@@ -39,7 +39,9 @@ import gevent
 from gunicorn.workers.ggevent import GeventWorker  # type: ignore[import-untyped]
 
 from dataplane.protocol import ErrorCode
+from webserver.compat import use_response_class
 from webserver.phases import Connection, Phase, connections
+from webserver.response import Captured, OneWriteResponse
 
 
 def _env_float(name: str, default: float) -> float:
@@ -53,26 +55,6 @@ def refusal_bytes(status: int, reason: str, code: ErrorCode, message: str, retry
     if retry_after is not None:
         head.append(f"Retry-After: {retry_after}")
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
-
-
-class _Captured:
-    """Stands in for the client socket while gunicorn writes its HTML error page."""
-
-    def __init__(self) -> None:
-        self.data = b""
-
-    def gettimeout(self) -> float | None:
-        return None
-
-    def setblocking(self, flag: bool) -> None:
-        pass
-
-    def sendall(self, data: bytes) -> None:
-        self.data += data
-
-    def send(self, data: bytes) -> int:
-        self.data += data
-        return len(data)
 
 
 _STATUS_LINE = re.compile(rb"^HTTP/1\.1 (\d{3}) ([^\r\n]*)")
@@ -91,6 +73,10 @@ class GuardedGeventWorker(GeventWorker):
         self.shed_slow_after = _env_float("SHED_SLOW_AFTER_SECONDS", 1.0)
         self.per_client: Counter[str] = Counter()
         self._refusals: dict[str, tuple[float, int]] = {}
+
+    def init_process(self) -> None:
+        use_response_class(OneWriteResponse)  # a head and its body in one write (decision 0025)
+        super().init_process()
 
     # --- admission ----------------------------------------------------------------------------
     def _victim(self, newcomer: str) -> Connection | None:
@@ -190,7 +176,7 @@ class GuardedGeventWorker(GeventWorker):
         conn = connections.get(gevent.getcurrent())
         if conn is not None and conn.shed:
             return  # we closed it ourselves: nothing to answer, nothing to log
-        captured = _Captured()
+        captured = Captured()
         super().handle_error(req, captured, addr, exc)
         status = _STATUS_LINE.match(captured.data)
         if status is None:

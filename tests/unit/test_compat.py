@@ -16,9 +16,11 @@ from coordinator_project.compat import django as compat_django
 from coordinator_project.compat import drf as compat_drf
 from coordinator_project.compat import prometheus_client as compat_prometheus
 from coordinator_project.compat import psycopg_pool as compat_psycopg_pool
+from webserver import compat as compat_gunicorn
 
 
-@pytest.mark.parametrize("module", [compat_django, compat_drf, compat_prometheus, compat_psycopg_pool],
+@pytest.mark.parametrize("module", [compat_django, compat_drf, compat_prometheus, compat_psycopg_pool,
+                                    compat_gunicorn],
                          ids=lambda m: m.__name__)
 def test_i23_6_nothing_a_compat_module_relies_on_is_gone(module):
     assert module.problems() == []
