@@ -116,11 +116,9 @@ def r1_join(state: GroupState, req: HeartbeatRequest, now: datetime) -> Heartbea
         return _join_with_owned_shards(req)
     member = state.members.get(req.member_id)
     rejoin = member is not None and member.live
-    # Fewer members of any status than the maximum leaves room without counting the live ones
-    # (a walk over every member per join: what grew with the group's size, issue 26.2).
-    known = len(state.members)
-    live = known if known < state.max_members else len(state.live_members())
-    full = r1_check_capacity(state.name, state.max_members, live, rejoin=rejoin)
+    # The roster's count of live members, not a walk over every member: a group at its
+    # maxMembers paid one per join, what grew with the group's size (issue 26.2).
+    full = r1_check_capacity(state.name, state.max_members, len(state.live_ids()), rejoin=rejoin)
     if full:
         return _error(full.code, full.message, req.member_id)
     if member is not None and member.live:
@@ -407,7 +405,7 @@ def s6_refresh_assignable(state: GroupState) -> bool:
     """§6: shard slots were added (a new version) or repaired: if the assignable set no longer
     matches the target, the group epoch rises and the target is recomputed. Returns whether."""
     state.assignable_cache = None  # slots may have changed under the snapshot
-    if not state.live_members():
+    if not state.live_ids():
         return False  # no target to fix; the next join computes one
     assignable = set(s6_assignable(state))
     targeted = {sid for sid, slot in state.shards.items() if slot.target is not None}

@@ -60,9 +60,25 @@ def test_i26_2_a_quiet_groups_lone_join_still_sees_the_other_live_members():
     assert state.assignment_epoch == state.group_epoch
 
 
+@pytest.mark.parametrize("members", [100, 2000])
+def test_i26_2_a_join_into_a_group_at_its_maximum_reads_a_bounded_number_of_members(
+        monkeypatch: pytest.MonkeyPatch, members: int):
+    """At maxMembers (tombstones fill the rest) the capacity check counts the roster's live
+    members. It walked every member per join before: the bench's group is at its maximum."""
+    state = make_group(4, rebalance_window_ms=WINDOW_MS, max_members=members + 1)
+    for i in range(members):
+        Client(state, f"m{i}").join(at(0))
+    Client(state, "gone").join(at(0))
+    Client(state, "gone").send(member_epoch=-1)  # its tombstone: the dict holds the maximum
+    assert len(state.members) == members + 1
+    reads = _count_live_reads(monkeypatch)
+    assert Client(state, "late").join(at(0.5)).error_code == "NONE"
+    assert Client(state, "later").join(at(0.5)).error_code == "GROUP_MAX_SIZE_REACHED"
+    assert reads[0] <= 10, f"two joins into {members} members read .live {reads[0]} times"
+
+
 def test_i26_2_capacity_counts_live_members_once_tombstones_reach_the_maximum():
-    """Without a walk while fewer members of any status than the maximum exist; with one when
-    LEFT members (tombstones) fill the dict: they do not take a live member's seat."""
+    """LEFT members (tombstones) do not take a live member's seat."""
     state = make_group(4, max_members=2)
     for name in ("t1", "t2", "t3"):
         Client(state, name).join()
