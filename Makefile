@@ -10,20 +10,23 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 .PHONY: install run test lint docs-api bench bench-heartbeat bench-dataplane bench-describe
 
 # uv (pinned in requirements-dev.txt) installs the pinned requirements: ~5 s where pip took
-# ~25 s of a clean clone's `make test`. --compile-bytecode (all of site-packages) as pip does: where
-# PYTHONDONTWRITEBYTECODE is set, nothing else writes the libraries' bytecode, and every
-# process the suite starts would compile Django again.
-UV = $(VENV)/bin/uv pip install -q --python $(PY)
+# ~25 s of a clean clone's `make test`; pip does it where uv cannot be had or fails. uv reads
+# pip's PIP_INDEX_URL and PIP_EXTRA_INDEX_URL (a mirror) as its own. --compile-bytecode (all
+# of site-packages) as pip does: where PYTHONDONTWRITEBYTECODE is set, nothing else writes the
+# libraries' bytecode, and every process the suite starts would compile Django again.
+UV = env $${PIP_INDEX_URL:+UV_INDEX_URL="$$PIP_INDEX_URL"} \
+	$${PIP_EXTRA_INDEX_URL:+UV_EXTRA_INDEX_URL="$$PIP_EXTRA_INDEX_URL"} $(VENV)/bin/uv pip install -q --python $(PY)
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q "$$(grep -m1 '^uv==' requirements-dev.txt)"
-	$(UV) --compile-bytecode -r requirements-dev.txt
+	($(VENV)/bin/pip install -q "$$(grep -m1 '^uv==' requirements-dev.txt)" \
+		&& $(UV) --compile-bytecode -r requirements-dev.txt) \
+		|| $(VENV)/bin/pip install -q -r requirements-dev.txt
 	touch $@
 
 # The member library, editable: `rsc-dataplane` and `python -m dataplane` work from any
 # directory and always run this checkout's code. Its own stamp, so an existing venv gets it too.
 $(VENV)/.dataplane-installed: $(VENV)/.installed dataplane/pyproject.toml
-	$(UV) -e ./dataplane
+	$(UV) -e ./dataplane || PYTHONWARNINGS=ignore $(VENV)/bin/pip install -q -e ./dataplane
 	touch $@
 
 install: $(VENV)/.installed $(VENV)/.dataplane-installed
