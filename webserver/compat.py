@@ -10,6 +10,7 @@ from gunicorn.http import wsgi  # type: ignore[import-untyped]
 
 # gunicorn.http.wsgi.Response methods OneWriteResponse overrides (their role must stay).
 RESPONSE_METHODS = ("send_headers", "write", "_emit_body", "close")
+# Attributes of a response that it reads or swaps (set in gunicorn's __init__).
 RESPONSE_ATTRIBUTES = ("sock", "headers_sent", "chunked")
 
 
@@ -20,6 +21,9 @@ def problems() -> list[str]:
     init = inspect.signature(wsgi.Response.__init__).parameters
     if list(init)[:4] != ["self", "req", "sock", "cfg"]:
         found.append("gunicorn.http.wsgi.Response(req, sock, cfg) changed")
+    made = inspect.getsource(wsgi.Response.__init__)
+    found += [f"a gunicorn.http.wsgi.Response has no {name}" for name in RESPONSE_ATTRIBUTES
+              if f"self.{name} = " not in made]
     create = inspect.signature(wsgi.create).parameters.get("response_class")
     if create is None or create.default is not None or "response_class = Response" not in inspect.getsource(wsgi.create):
         found.append("gunicorn.http.wsgi.create no longer defaults to the module's Response")

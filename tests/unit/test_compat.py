@@ -109,6 +109,10 @@ def test_i23_6_a_name_an_upgrade_removed_is_reported(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(H, "_metric_init", lambda self: None)  # as if _sum and _buckets were renamed
     assert len(compat_prometheus.problems()) == 2
+    monkeypatch.setattr(compat_gunicorn, "RESPONSE_METHODS", (*compat_gunicorn.RESPONSE_METHODS, "_gone"))
+    monkeypatch.setattr(compat_gunicorn, "RESPONSE_ATTRIBUTES", (*compat_gunicorn.RESPONSE_ATTRIBUTES, "gone"))
+    assert compat_gunicorn.problems() == ["gunicorn.http.wsgi.Response._gone is gone",
+                                          "a gunicorn.http.wsgi.Response has no gone"]
 
 
 PRIVATE = {"_resource_closers", "atomic_blocks", "_has_been_logged", "_full_data", "_request", "_sum",
