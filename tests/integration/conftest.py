@@ -1,6 +1,7 @@
 """Fixtures for tests against the real database and, where needed, a live gunicorn server."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -207,30 +208,21 @@ def running_gunicorn(port: int | None = None, log_file: Path | None = None, quic
     (SIGQUIT), where what is still queued is a flood nobody waits for. ``workers=1`` where
     nothing the test proves spans workers: a worker's start is ~0.8 CPU-s of loading Django,
     and the suite is CPU-bound (docs/decisions/0019)."""
-    port = port or free_port()
     env = {**os.environ, "DATABASE_URL": live_database_url(), "PYTHONUNBUFFERED": "1", **extra_env}
     log = log_file.open("ab") if log_file is not None else None
-    # Forked from the test zygote (tests/spawn.py) unless the test measures the master's own
-    # start (new_interpreter): there the libraries are loaded already.
-    proc = (subprocess.Popen if new_interpreter else spawn.Popen)(
-        [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-w", str(workers),
-         "-b", f"127.0.0.1:{port}", "--log-level", "warning", "coordinator_project.wsgi"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log is not None else None,
-    )
-    url = f"http://127.0.0.1:{port}"
-    # A deadline, not an expectation: ~2 s on a quiet machine, but four xdist workers starting
-    # servers at once on 2 loaded cores took over 30 s (the suite then erred in setup).
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if plain_http.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass  # not listening yet
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("gunicorn did not start")
-        time.sleep(0.05)  # poll interval of a deadline loop
+    # A free port can be taken by another xdist worker's server before this one binds it; that
+    # server then answers the readiness poll (seen once in CI: a test read another test's
+    # database). So the port must be this master's, or another is tried (not a given port).
+    for _ in range(1 if port else 3):
+        chosen = port or free_port()
+        proc = _start_gunicorn(chosen, workers, new_interpreter, env, log)
+        url = f"http://127.0.0.1:{chosen}"
+        if listens_on(proc.pid, chosen):
+            break
+        proc.kill()
+        proc.wait()
+    else:
+        raise RuntimeError(f"gunicorn could not listen on {port or 'a free port'}: another process holds it")
     try:
         yield LiveServer(url, proc)
     finally:
@@ -241,6 +233,50 @@ def running_gunicorn(port: int | None = None, log_file: Path | None = None, quic
             proc.kill()
         if log is not None:
             log.close()
+
+
+def _start_gunicorn(port: int, workers: int, new_interpreter: bool, env: dict[str, str],
+                    log: Any) -> subprocess.Popen[bytes]:
+    """gunicorn started on `port`, once something answers /healthz there."""
+    # Forked from the test zygote (tests/spawn.py) unless the test measures the master's own
+    # start (new_interpreter): there the libraries are loaded already.
+    proc = (subprocess.Popen if new_interpreter else spawn.Popen)(
+        [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-w", str(workers),
+         "-b", f"127.0.0.1:{port}", "--log-level", "warning", "coordinator_project.wsgi"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log is not None else None,
+    )
+    # A deadline, not an expectation: ~2 s on a quiet machine, but four xdist workers starting
+    # servers at once on 2 loaded cores took over 30 s (the suite then erred in setup).
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            if plain_http.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass  # not listening yet
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("gunicorn did not start")
+        time.sleep(0.05)  # poll interval of a deadline loop
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process `pid` holds the socket that listens on TCP `port` (a gunicorn master
+    holds its listener; its workers inherit it)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+    fds = Path(f"/proc/{pid}/fd")
+    with contextlib.suppress(FileNotFoundError, PermissionError):
+        for fd in fds.iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) in inodes:
+                    return True
+    return False
 
 
 @pytest.fixture

@@ -44,7 +44,15 @@ from django.db import connections
 from groups.sweeps import run_all_sweeps
 from tests import plain_http, spawn
 
-from .conftest import ROOT, GroupFixture, free_port, group_on_fresh_stream, live_database_url, poll
+from .conftest import (
+    ROOT,
+    GroupFixture,
+    free_port,
+    group_on_fresh_stream,
+    listens_on,
+    live_database_url,
+    poll,
+)
 from .multi_host_member import Exchange, Hosts, SimMember, Timeline
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.slow,
@@ -71,7 +79,20 @@ class Host:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        """One gunicorn master (one worker, the shipped config) in a process group of its own."""
+        """One gunicorn master (one worker, the shipped config) in a process group of its own.
+        A first start whose port another xdist worker's server took meanwhile (that server then
+        answers the readiness poll) moves to another free port; a restart keeps its port."""
+        first = self.process is None
+        for _ in range(3 if first else 1):
+            self._start()
+            if listens_on(self.process.pid, self.port):  # type: ignore[union-attr]
+                return
+            self.stop()
+            if first:
+                self.port = free_port()
+        raise RuntimeError(f"gunicorn could not listen on port {self.port}: another process holds it")
+
+    def _start(self) -> None:
         self.process = spawn.Popen(
             [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-w", "1",
              "-b", f"127.0.0.1:{self.port}", "--log-level", "warning", "coordinator_project.wsgi"],
