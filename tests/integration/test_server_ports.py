@@ -43,6 +43,7 @@ def test_a_server_whose_port_another_server_answers_on_is_refused(transactional_
     second is stopped and the test told, instead of talking to the first."""
     with running_gunicorn(workers=1) as first:
         port = int(first.url.rsplit(":", 1)[1])
-        with pytest.raises(RuntimeError, match="another process holds it"), running_gunicorn(port=port, workers=1):
-            pass
+        with pytest.raises(RuntimeError, match="another process holds it"), \
+                running_gunicorn(port=port, workers=1) as second:
+            pytest.fail(f"a second server was handed out on {second.url}, which the first holds")
         assert plain_http.get(f"{first.url}/healthz", timeout=5).status_code == 200
