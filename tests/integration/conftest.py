@@ -210,19 +210,8 @@ def running_gunicorn(port: int | None = None, log_file: Path | None = None, quic
     and the suite is CPU-bound (docs/decisions/0019)."""
     env = {**os.environ, "DATABASE_URL": live_database_url(), "PYTHONUNBUFFERED": "1", **extra_env}
     log = log_file.open("ab") if log_file is not None else None
-    # A free port can be taken by another xdist worker's server before this one binds it; that
-    # server then answers the readiness poll (seen once in CI: a test read another test's
-    # database). So the port must be this master's, or another is tried (not a given port).
-    for _ in range(1 if port else 3):
-        chosen = port or free_port()
-        proc = _start_gunicorn(chosen, workers, new_interpreter, env, log)
-        url = f"http://127.0.0.1:{chosen}"
-        if listens_on(proc.pid, chosen):
-            break
-        proc.kill()
-        proc.wait()
-    else:
-        raise RuntimeError(f"gunicorn could not listen on {port or 'a free port'}: another process holds it")
+    proc, port = start_gunicorn(port, workers, env, log=log, new_interpreter=new_interpreter)
+    url = f"http://127.0.0.1:{port}"
     try:
         yield LiveServer(url, proc)
     finally:
@@ -235,29 +224,51 @@ def running_gunicorn(port: int | None = None, log_file: Path | None = None, quic
             log.close()
 
 
-def _start_gunicorn(port: int, workers: int, new_interpreter: bool, env: dict[str, str],
-                    log: Any) -> subprocess.Popen[bytes]:
-    """gunicorn started on `port`, once something answers /healthz there."""
-    # Forked from the test zygote (tests/spawn.py) unless the test measures the master's own
-    # start (new_interpreter): there the libraries are loaded already.
-    proc = (subprocess.Popen if new_interpreter else spawn.Popen)(
-        [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-w", str(workers),
-         "-b", f"127.0.0.1:{port}", "--log-level", "warning", "coordinator_project.wsgi"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log is not None else None,
-    )
-    # A deadline, not an expectation: ~2 s on a quiet machine, but four xdist workers starting
-    # servers at once on 2 loaded cores took over 30 s (the suite then erred in setup).
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if plain_http.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass  # not listening yet
-        if proc.poll() is not None or time.monotonic() > deadline:
+def start_gunicorn(port: int | None, workers: int, env: dict[str, str], *, log: Any = None,
+                   new_interpreter: bool = False, new_session: bool = False) -> tuple[subprocess.Popen[bytes], int]:
+    """gunicorn with the shipped config on `port`, or on a free port, once it answers /healthz
+    there: the process and its port. A free port can be taken by another xdist worker's server
+    before this one binds it, and that server then answers the readiness poll (seen once in CI:
+    a test read another test's database); so the port must be this master's (`listens_on`), or
+    another free port is tried. A given port (a restart where clients point) is not moved."""
+    for _ in range(1 if port else 3):
+        chosen = port or free_port()
+        # Forked from the test zygote (tests/spawn.py) unless the test measures the master's
+        # own start (new_interpreter): there the libraries are loaded already.
+        proc = (subprocess.Popen if new_interpreter else spawn.Popen)(
+            [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-w", str(workers),
+             "-b", f"127.0.0.1:{chosen}", "--log-level", "warning", "coordinator_project.wsgi"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log is not None else None,
+            start_new_session=new_session,
+        )
+        # A deadline, not an expectation: ~2 s on a quiet machine, but four xdist workers
+        # starting servers at once on 2 loaded cores took over 30 s (the suite then erred).
+        deadline = time.monotonic() + 90
+        while not _answers(chosen):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _kill(proc, new_session)
+                raise RuntimeError(f"gunicorn on port {chosen} did not start")
+            time.sleep(0.05)  # poll interval of a deadline loop
+        if listens_on(proc.pid, chosen):
+            return proc, chosen
+        _kill(proc, new_session)
+    raise RuntimeError(f"gunicorn could not listen on {port or 'a free port'}: another process holds it")
+
+
+def _answers(port: int) -> bool:
+    try:
+        return plain_http.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False  # not listening yet
+
+
+def _kill(proc: subprocess.Popen[bytes], group: bool) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
             proc.kill()
-            raise RuntimeError("gunicorn did not start")
-        time.sleep(0.05)  # poll interval of a deadline loop
+    proc.wait()
 
 
 def listens_on(pid: int, port: int) -> bool:

@@ -28,7 +28,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from bisect import bisect_left
@@ -37,22 +36,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 from django.db import connections
 
 from groups.sweeps import run_all_sweeps
-from tests import plain_http, spawn
+from tests import plain_http
 
-from .conftest import (
-    ROOT,
-    GroupFixture,
-    free_port,
-    group_on_fresh_stream,
-    listens_on,
-    live_database_url,
-    poll,
-)
+from .conftest import GroupFixture, group_on_fresh_stream, live_database_url, poll, start_gunicorn
 from .multi_host_member import Exchange, Hosts, SimMember, Timeline
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.slow,
@@ -70,8 +60,8 @@ LIVE_OR_RESERVED = ("STABLE", "REVOKING", "PENDING", "TEMPORARILY_LEFT")
 # --- hosts ---------------------------------------------------------------------------------
 @dataclass
 class Host:
-    port: int
     env: dict[str, str]
+    port: int = 0  # 0 until its first start takes a free one; a restart keeps it
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -79,36 +69,8 @@ class Host:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        """One gunicorn master (one worker, the shipped config) in a process group of its own.
-        A first start whose port another xdist worker's server took meanwhile (that server then
-        answers the readiness poll) moves to another free port; a restart keeps its port."""
-        first = self.process is None
-        for _ in range(3 if first else 1):
-            self._start()
-            if listens_on(self.process.pid, self.port):  # type: ignore[union-attr]
-                return
-            self.stop()
-            if first:
-                self.port = free_port()
-        raise RuntimeError(f"gunicorn could not listen on port {self.port}: another process holds it")
-
-    def _start(self) -> None:
-        self.process = spawn.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", "coordinator_project/gunicorn_conf.py", "-w", "1",
-             "-b", f"127.0.0.1:{self.port}", "--log-level", "warning", "coordinator_project.wsgi"],
-            cwd=ROOT, env=self.env, start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if plain_http.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass  # not listening yet
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"gunicorn on port {self.port} did not start")
-            time.sleep(0.05)  # poll interval of a deadline loop
+        """One gunicorn master (one worker, the shipped config) in a process group of its own."""
+        self.process, self.port = start_gunicorn(self.port or None, 1, self.env, new_session=True)
 
     def stop(self) -> None:
         """SIGTERM to the whole process group (master and worker), as an init system would."""
@@ -132,7 +94,7 @@ def hosts(transactional_db: None, tmp_path: Path) -> Iterator[list[Host]]:
         for i in range(HOSTS):
             env = {**os.environ, "DATABASE_URL": live_database_url(), "PYTHONUNBUFFERED": "1",
                    "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / f"prometheus-{i}")}
-            host = Host(free_port(), env)
+            host = Host(env)
             host.start()
             started.append(host)
         yield started
