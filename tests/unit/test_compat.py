@@ -15,12 +15,13 @@ from rest_framework.request import Request
 from coordinator_project.compat import django as compat_django
 from coordinator_project.compat import drf as compat_drf
 from coordinator_project.compat import prometheus_client as compat_prometheus
+from coordinator_project.compat import psycopg as compat_psycopg
 from coordinator_project.compat import psycopg_pool as compat_psycopg_pool
 from webserver import compat as compat_gunicorn
 
 
 @pytest.mark.parametrize("module", [compat_django, compat_drf, compat_prometheus, compat_psycopg_pool,
-                                    compat_gunicorn],
+                                    compat_psycopg, compat_gunicorn],
                          ids=lambda m: m.__name__)
 def test_i23_6_nothing_a_compat_module_relies_on_is_gone(module):
     assert module.problems() == []
@@ -113,6 +114,11 @@ def test_i23_6_a_name_an_upgrade_removed_is_reported(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(compat_gunicorn, "RESPONSE_ATTRIBUTES", (*compat_gunicorn.RESPONSE_ATTRIBUTES, "gone"))
     assert compat_gunicorn.problems() == ["gunicorn.http.wsgi.Response._gone is gone",
                                           "a gunicorn.http.wsgi.Response has no gone"]
+    from psycopg import _queries
+
+    monkeypatch.delattr(_queries, "MAX_CACHED_STATEMENT_PARAMS")
+    assert compat_psycopg.problems() == ["psycopg._queries.MAX_CACHED_STATEMENT_PARAMS is gone"]
+    assert compat_psycopg.cached_query_bounds() == (_queries.MAX_CACHED_STATEMENT_LENGTH, 50)  # the fallback
 
 
 PRIVATE = {"_resource_closers", "atomic_blocks", "_has_been_logged", "_full_data", "_request", "_sum",
