@@ -14,7 +14,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
+
+from assignments.models import ShardAssignment
+from groups.models import Group
+from members.models import Member
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +28,6 @@ _OFF = ("autovacuum_enabled=false", "autovacuum_enabled=off", "autovacuum_enable
 
 def busiest_tables() -> list[str]:
     """The tables every heartbeat or locked pass updates."""
-    from assignments.models import ShardAssignment
-    from groups.models import Group
-    from members.models import Member
-
     return [Member._meta.db_table, ShardAssignment._meta.db_table, Group._meta.db_table]
 
 
@@ -49,7 +49,9 @@ def database_vacuum_problem(using: str = "default") -> str | None:
     if connection.vendor != "postgresql":
         return None
     try:
-        with connection.cursor() as cursor:
+        # A savepoint where the caller holds a transaction (a flush in a test): a failed read
+        # must not leave it aborted.
+        with transaction.atomic(using=using), connection.cursor() as cursor:
             cursor.execute(
                 "SELECT current_setting('autovacuum'), current_setting('track_counts'),"
                 # to_regclass: the tables as the connection's search_path finds them, NULL if not there
