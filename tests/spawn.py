@@ -306,13 +306,13 @@ class ZygoteProcess:
     """A child of the zygote, with the parts of ``subprocess.Popen`` the tests use."""
 
     def __init__(self, args: Sequence[str], conn: socket.socket, pid: int, stdin: IO[Any] | None,
-                 stdout: IO[Any] | None, stderr: IO[Any] | None) -> None:
+                 stdout: IO[Any] | None, stderr: IO[Any] | None, early: bytes = b"") -> None:
         self.args = list(args)
         self.pid = pid
         self.returncode: int | None = None
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self._conn = conn
-        self._buf = b""
+        self._buf = early  # the zygote's lines read with its first (an exit already reported)
         self._readers: dict[str, tuple[threading.Thread, list[Any]]] = {}
         self._lock = threading.Lock()  # one reader of the zygote's reply (poll from a watcher thread)
 
@@ -454,13 +454,7 @@ def Popen(args: Any, **kwargs: Any) -> Any:
         conn.sendmsg([_HEADER.pack(len(request))],
                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", in_fd, out_fd, err_fd))])
         conn.sendall(request)
-        reply = b""
-        while not reply.endswith(b"\n"):
-            chunk = conn.recv(64)
-            if not chunk:
-                raise RuntimeError("the test zygote did not start the process")
-            reply += chunk
-        pid = int(reply[1:-1])
+        pid, early = read_started(conn)
     finally:
         for fd in opened:
             os.close(fd)
@@ -474,7 +468,24 @@ def Popen(args: Any, **kwargs: Any) -> Any:
         return io.TextIOWrapper(raw, encoding=kwargs.get("encoding") or "utf-8",  # type: ignore[arg-type]
                                 errors=kwargs.get("errors") or "strict", write_through=mode == "w")
 
-    return ZygoteProcess(list(args), conn, pid, wrap(in_ours, "w"), wrap(out_ours, "r"), wrap(err_ours, "r"))
+    return ZygoteProcess(list(args), conn, pid, wrap(in_ours, "w"), wrap(out_ours, "r"), wrap(err_ours, "r"),
+                         early)
+
+
+def read_started(conn: socket.socket) -> tuple[int, bytes]:
+    """The zygote's first line (``P<pid>``) and what came after it. A child that exits at once
+    has its ``X<status>`` line sent right behind, and one recv can return both: that part
+    belongs to the process's exit, which `ZygoteProcess` reads."""
+    reply = b""
+    while b"\n" not in reply:
+        chunk = conn.recv(64)
+        if not chunk:
+            raise RuntimeError("the test zygote did not start the process")
+        reply += chunk
+    line, rest = reply.split(b"\n", 1)
+    if not line.startswith(b"P"):
+        raise RuntimeError(f"the test zygote answered {line!r}, not a started process")
+    return int(line[1:]), rest
 
 
 def run(args: Any, *, input: Any = None, capture_output: bool = False,

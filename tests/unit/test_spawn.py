@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +99,22 @@ def test_arguments_at_subprocess_defaults_still_use_the_zygote():
     proc = spawn.Popen([sys.executable, "-c", "pass"], shell=False, executable=None, pass_fds=())
     assert isinstance(proc, spawn.ZygoteProcess)
     assert proc.wait(30) == 0
+
+
+def test_a_child_that_exits_at_once_reports_its_start_and_exit_in_one_read():
+    """The zygote sends `P<pid>` when the child has started and `X<status>` when it has been
+    reaped; for a child that exits at once both can arrive in one recv. The launcher took the
+    two lines for one pid and raised ValueError (seen once in CI, test_operator_errors); the
+    exit status must reach the process object, not be lost with the first line."""
+    ours, zygote = socket.socketpair()
+    with ours, zygote:
+        zygote.sendall(b"P7\n")  # the usual case: the start alone
+        assert spawn.read_started(ours) == (7, b"")
+        zygote.sendall(b"P4242\nX512\n")  # both written before the launcher reads
+        pid, early = spawn.read_started(ours)
+        assert (pid, early) == (4242, b"X512\n")
+        proc = spawn.ZygoteProcess(["x"], ours, pid, None, None, None, early)
+        assert proc.poll() == 2  # exit status 2, from the line already read
 
 
 def test_a_shell_blocks_manage_py_lines_are_forked_from_the_zygote(tmp_path: Path):
