@@ -36,10 +36,12 @@ class Batch:
             return
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
-                whole = ";\n".join(sql for sql, _, _ in statements)
-                values = [p for _, params, _ in statements for p in params]
-                if len(whole) <= CACHED_SQL_CHARS and len(values) <= CACHED_SQL_VALUES:
-                    cursor.execute(whole, values)
+                # The joined text's length and the values' count, without building either for
+                # a batch that is then merged instead.
+                chars = sum(len(sql) for sql, _, _ in statements) + 2 * (len(statements) - 1)
+                if chars <= CACHED_SQL_CHARS and sum(len(p) for _, p, _ in statements) <= CACHED_SQL_VALUES:
+                    cursor.execute(";\n".join(sql for sql, _, _ in statements),
+                                   [v for _, params, _ in statements for v in params])
                 else:
                     # psycopg caches a query's placeholder parse only up to 4 KB and 50 values,
                     # and a storm's batch of member rows is longer: parsed whole on every pass

@@ -26,8 +26,8 @@ def _fill(rows: int) -> list[tuple]:
         cursor.execute("CREATE TEMP TABLE batch_probe (n int, t text, ts timestamptz, b bool, j jsonb, a text[])"
                        " ON COMMIT DROP")
     writes = Batch()
+    text, none, ts, flag, doc, arr = AWKWARD
     for n in range(rows):
-        text, none, ts, flag, doc, arr = AWKWARD
         writes.add("INSERT INTO batch_probe VALUES (%s, %s, %s, %s, %s, %s::text[])",
                    [n, text if n % 2 else none, ts, flag, Jsonb(doc), arr])
     seen: list[list[tuple]] = []
