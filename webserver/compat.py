@@ -1,10 +1,12 @@
-"""gunicorn internals the worker relies on (checked by tests/unit/test_compat.py): the
-response class `gunicorn.http.wsgi.create` makes for an HTTP/1 request (a module name the
-async workers do not let a worker pass), and the methods `webserver.response.OneWriteResponse`
-overrides. Named here so that an upgrade that renames any of it fails by name."""
+"""gunicorn and gevent internals the worker relies on (checked by tests/unit/test_compat.py):
+the response class `gunicorn.http.wsgi.create` makes for an HTTP/1 request (a module name the
+async workers do not let a worker pass), the methods `webserver.response.OneWriteResponse`
+overrides, and the count of gevent's event-loop iterations (libev's, not in gevent's loop
+interface). Named here so that an upgrade that renames any of it fails by name."""
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 from gunicorn.http import wsgi  # type: ignore[import-untyped]
 
@@ -27,7 +29,18 @@ def problems() -> list[str]:
     create = inspect.signature(wsgi.create).parameters.get("response_class")
     if create is None or create.default is not None or "response_class = Response" not in inspect.getsource(wsgi.create):
         found.append("gunicorn.http.wsgi.create no longer defaults to the module's Response")
+    import gevent
+
+    loop = gevent.get_hub().loop
+    if not isinstance(getattr(loop, "iteration", None), int):
+        found.append(f"gevent's event loop ({type(loop).__name__}) no longer counts its iterations")
     return found
+
+
+def loop_iteration(loop: Any) -> int:
+    """How many times gevent's event loop has polled for I/O (libev's ev_iteration, which
+    gevent's libev loop exposes as `iteration`)."""
+    return int(loop.iteration)
 
 
 def use_response_class(cls: type) -> None:

@@ -19,7 +19,7 @@ class Phase(enum.Enum):
 
 
 class Connection:
-    __slots__ = ("address", "client", "phase", "served", "shed", "since")
+    __slots__ = ("address", "client", "loop_seen", "phase", "served", "shed", "since")
 
     def __init__(self, client: socket.socket, address: str) -> None:
         self.client = client
@@ -28,6 +28,7 @@ class Connection:
         self.since = time.monotonic()
         self.served = 0
         self.shed = False
+        self.loop_seen = -1  # the event loop's iteration when this connection last had its turn
 
     def enter(self, phase: Phase) -> None:
         self.phase = phase

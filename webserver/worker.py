@@ -39,7 +39,7 @@ import gevent
 from gunicorn.workers.ggevent import GeventWorker  # type: ignore[import-untyped]
 
 from dataplane.protocol import ErrorCode
-from webserver.compat import use_response_class
+from webserver.compat import loop_iteration, use_response_class
 from webserver.phases import Connection, Phase, connections
 from webserver.response import Captured, OneWriteResponse
 
@@ -163,13 +163,38 @@ class GuardedGeventWorker(GeventWorker):
         if conn is not None:
             conn.enter(Phase.BODY)
 
-    def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> bool:
+    def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> None:
         conn = connections.get(gevent.getcurrent())
         try:
-            return bool(super().handle_request(listener_name, req, sock, addr))
+            super().handle_request(listener_name, req, sock, addr)
         finally:
             if conn is not None:
                 conn.served += 1
+        # Answered and kept open (gunicorn raises StopIteration to close the connection).
+        if conn is not None:
+            self._end_turn(conn)
+
+    def _end_turn(self, conn: Connection) -> None:
+        """A connection whose requests keep arriving and never wait for I/O (pipelined or
+        back-to-back requests answered without the database: refusals, /healthz) would keep
+        this worker to itself: gevent switches greenlets only when one waits, so every other
+        connection, and the accept of new ones, waited until it stopped (one connection
+        pipelining 3,000 unauthenticated heartbeats held a worker for 2 s). So a request after
+        which the event loop has not polled since this connection's last turn yields, once, to
+        the others. A heartbeat waits for its group read anyway: it never yields here."""
+        hub = gevent.get_hub()
+        iteration = loop_iteration(hub.loop)
+        if iteration == conn.loop_seen:
+            # A timer due at once, not sleep(0): that resumes this greenlet among the ready
+            # callbacks, before the loop polls; the timer fires after a (non-blocking) poll,
+            # so the other connections' ready requests are taken first.
+            timer = hub.loop.timer(0)
+            try:
+                hub.wait(timer)
+            finally:
+                timer.close()
+            iteration = loop_iteration(hub.loop)
+        conn.loop_seen = iteration
 
     # --- gunicorn's own errors as JSON --------------------------------------------------------
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
