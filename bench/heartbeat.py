@@ -596,6 +596,11 @@ def main() -> None:
         print(f"   stable after {seconds:.1f} s (goal <= {STORM_GOAL_S:.0f} s; all joins answered after {joins:.1f} s;"
               f" {requests} heartbeats; {recomputes} target recomputes)")
         print(f"   gunicorn worker RSS after the storm: {worker_rss(url)}")
+        import httpx
+
+        collector = httpx.get(f"{url}/bench/collector", timeout=10).json()
+        print(f"   a worker's collector: thresholds {tuple(collector['threshold'])}, {collector['frozen']} objects"
+              " frozen (decision 0027)")
 
         from groups.describe import describe_group
 

@@ -3,8 +3,13 @@
 - CeilingView: DRF parses the body and answers; no database (the ceiling for a DRF view).
 - NaiveHeartbeatView: the naive design — lock the group row, read the member, stamp
   last-seen, commit — via the ORM, so every heartbeat of a group queues on one lock.
+- CollectorView: the answering worker's collector settings (decision 0027), for the bench's
+  record and the test that the shipped config applies them.
 """
 from __future__ import annotations
+
+import gc
+import os
 
 from django.db import transaction
 from django.utils import timezone
@@ -32,6 +37,14 @@ class CeilingView(APIView):
 
     def post(self, request: Request) -> Response:
         return Response(_answer(request.data))
+
+
+class CollectorView(APIView):
+    authentication_classes: list = []
+
+    def get(self, request: Request) -> Response:
+        return Response({"pid": os.getpid(), "threshold": list(gc.get_threshold()),
+                         "frozen": gc.get_freeze_count()})
 
 
 class NaiveHeartbeatView(APIView):

@@ -7,7 +7,7 @@ import os
 
 from django.urls import path
 
-from bench.reference_views import CeilingView, NaiveHeartbeatView
+from bench.reference_views import CeilingView, CollectorView, NaiveHeartbeatView
 from coordinator_project.urls import urlpatterns as project_urlpatterns
 
 if os.environ.get("RSC_BENCH_NO_FRESHNESS_READ"):  # bench/heartbeat.py's reference server only
@@ -18,5 +18,6 @@ if os.environ.get("RSC_BENCH_NO_FRESHNESS_READ"):  # bench/heartbeat.py's refere
 urlpatterns = [
     path("bench/ceiling", CeilingView.as_view()),
     path("bench/naive", NaiveHeartbeatView.as_view()),
+    path("bench/collector", CollectorView.as_view()),
     *project_urlpatterns,
 ]

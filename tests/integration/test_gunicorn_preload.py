@@ -57,3 +57,17 @@ def test_loading_the_app_loads_the_url_conf_so_a_workers_first_request_imports_n
     done = spawn.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == views, done.stdout
+
+
+def test_a_worker_of_the_shipped_config_runs_with_the_collector_settled(transactional_db: None, tmp_path: Path):
+    """Decision 0027: post_worker_init settles the worker's collector (webserver.collector):
+    what the app loaded is frozen and full passes are ten times rarer than CPython's default."""
+    from webserver.collector import FULL_PASS_EVERY
+
+    with running_gunicorn(workers=1, ROOT_URLCONF="bench.urls", PROMETHEUS_MULTIPROC_DIR=str(tmp_path)) as server:
+        r = plain_http.get(f"{server.url}/bench/collector", timeout=30)
+        assert r.status_code == 200, r.text
+        state = r.json()
+        assert state["pid"] != server.process.pid, state  # a worker answered, not the master
+        assert state["threshold"][2] == FULL_PASS_EVERY, state
+        assert state["frozen"] > 10_000, state  # Django, DRF and the app's modules
