@@ -5,7 +5,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/rsc
-TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+# Database 1, not 0: `make run`, the benches and other tools default to REDIS_URL's database 0,
+# and the suite's cleanups SCAN their own databases, so keys others leave in 0 slowed every one
+# of them (tests/redis_keys.py). xdist worker K uses 1 + 4K with 4 workers (test_settings.py).
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
 .PHONY: install run test lint docs-api bench bench-heartbeat bench-dataplane bench-describe
 
