@@ -16,6 +16,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from assignments.models import ShardAssignment
+from bench.redis_keys import delete_keys
 from dataplane.routing import ShardKeys
 from groups.models import Group, Shard
 from groups.services import create_group, create_stream
@@ -67,5 +68,4 @@ def build_settled_group(
 
 
 def drop_backlog(client: redis.Redis, stream: str, prefix: str = "rsc*") -> None:
-    for key in client.scan_iter(f"{prefix}:{{{stream}:*", count=1000):
-        client.delete(key)
+    delete_keys(client, f"{prefix}:{{{stream}:*")

@@ -88,10 +88,7 @@ def recreate_database(url: str) -> None:
     parsed = urlparse(url)
     name = parsed.path.lstrip("/")
     admin = parsed._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        existed = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-    if existed:
-        forget_stream_keys(url)
+    forget_stream_keys(url)
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
@@ -103,28 +100,20 @@ def forget_stream_keys(url: str) -> int:
     import psycopg
     import redis
 
+    from bench.redis_keys import delete_keys
+
     try:
         with psycopg.connect(url) as conn:
             rows = conn.execute("SELECT DISTINCT key_prefix FROM groups_stream").fetchall()
-    except psycopg.Error:  # not migrated (a run stopped early): it made no streams
+    except psycopg.Error:  # no such database, or not migrated (a run stopped early): no streams
         return 0
     prefixes = [p for (p,) in rows if p.startswith("rsc-")]  # never a shared plain "rsc"
     client = redis.Redis.from_url(os.environ.get("STREAM_REDIS_URL")
                                   or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    deleted = 0
     try:
-        for prefix in prefixes:
-            batch: list[bytes] = []
-            for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-                batch.append(key)
-                if len(batch) >= 1000:
-                    deleted += client.unlink(*batch)
-                    batch.clear()
-            if batch:
-                deleted += client.unlink(*batch)
+        return sum(delete_keys(client, f"{prefix}:*") for prefix in prefixes)
     finally:
         client.close()
-    return deleted
 
 
 def free_port() -> int:

@@ -1,28 +1,10 @@
-"""Deleting a test's Redis keys by pattern (tests share a Redis database: never FLUSHDB).
-
-SCAN pages of 1,000 keys: redis-py's default COUNT is 10, and a worker's database holds tens
-of thousands of keys once the large-group tests ran (16,384 shard streams each), so one cleanup
-took thousands of round trips; the suite spent about 250,000 SCAN calls on them. UNLINK in
-batches: one round trip per 1,000 keys, freed off Redis's main thread."""
+"""Deleting a test's Redis keys by pattern (tests share a Redis database: never FLUSHDB); the
+paged SCAN and batched UNLINK are bench.redis_keys.delete_keys, which the benches use too."""
 from __future__ import annotations
 
-from typing import Any
+from bench.redis_keys import delete_keys
 
-PAGE = 1000
-
-
-def delete_keys(client: Any, pattern: str, keep: frozenset[Any] = frozenset()) -> int:
-    """UNLINK every key matching `pattern` except those in `keep`; how many went."""
-    deleted, batch = 0, []
-    for key in client.scan_iter(match=pattern, count=PAGE):
-        if key not in keep:
-            batch.append(key)
-        if len(batch) >= PAGE:
-            deleted += client.unlink(*batch)
-            batch.clear()
-    if batch:
-        deleted += client.unlink(*batch)
-    return deleted
+__all__ = ["delete_keys", "delete_stream_keys"]
 
 
 def delete_stream_keys(stream: str) -> int:
