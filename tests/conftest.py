@@ -1,6 +1,7 @@
 """Shared fixtures. Integration tests need PostgreSQL (DATABASE_URL) and Redis (REDIS_URL)."""
 from __future__ import annotations
 
+import gc
 import os
 import re
 from collections.abc import Iterator
@@ -12,6 +13,22 @@ import pytest
 # with `--dist loadgroup`): the browser (its session fixture may apt-get install Chromium) and
 # the throw-away Redis Cluster (a session fixture: one cluster, not one per worker).
 XDIST_GROUPS = {"browser": "browser", "cluster_url": "redis-cluster"}
+
+
+# The suite is CPU-bound on two cores, and a tenth of an xdist worker's CPU went to the cyclic
+# collector walking what lives the whole run: pytest, Django, hypothesis and every test module
+# (~200,000 objects). So no pass while the test modules are imported, then all of it frozen,
+# young passes every 10,000 allocations and a full pass every 100 middle ones (as a web worker's,
+# webserver/collector.py): a worker's collector CPU in a run went from 3-8 s to under 2 s.
+gc.disable()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 100)
+    gc.enable()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group markers
