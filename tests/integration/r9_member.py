@@ -9,13 +9,15 @@ from typing import Any
 
 import httpx
 
+from tests.plain_http import TLS
+
 
 def run_member(url: str, group: str, key: str, member_id: str, seconds: float, seed: int,
                min_heartbeats: int = 0, max_seconds: float = 120.0) -> dict[str, Any]:
     """Runs for `seconds` and until `min_heartbeats` were answered (`max_seconds` at most): a
     loaded machine makes the run longer, not thinner."""
     rng = random.Random(seed)
-    client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=10, verify=TLS)
     epoch, metadata_epoch = 0, None
     owned: dict[str, float] = {}  # shard -> interval start
     to_report: list[str] = []  # released shards to report REVOKED
