@@ -173,7 +173,7 @@ class SteadyProducer(threading.Thread):
 
 def wait_for(
     pred: Callable[[], Any], timeout: float, what: str, *, tick: Callable[[], Any] | None = None,
-    diag: Callable[[], str] | None = None, interval: float = 0.02,
+    diag: Callable[[], str] | None = None, interval: float = 0.1,
 ) -> Any:
     """Poll ``pred`` (calling ``tick`` each turn) until it returns something truthy; fail after
     ``timeout`` seconds with ``what`` and a diagnosis."""
