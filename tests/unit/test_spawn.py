@@ -136,3 +136,16 @@ def test_a_shell_blocks_manage_py_lines_are_forked_from_the_zygote(tmp_path: Pat
     assert done.stderr == "to stderr\n"
     # Without the zygote (RSC_TEST_ZYGOTE=0, or an environment it would not reproduce): nothing.
     assert spawn.shell_prelude({**env, "PYTHONHASHSEED": "7"}) == ("", {})
+
+
+def test_a_forked_child_starts_with_the_zygotes_libraries_frozen_and_the_collector_as_a_new_interpreter():
+    """Decision 0019, sixth round: no collector pass of a child walks what the zygote preloaded
+    (nor writes to the pages the fork shares); the collector is on, with the thresholds a new
+    interpreter has (a gunicorn worker sets its own, decision 0027)."""
+    code = "import gc; print(gc.isenabled(), gc.get_freeze_count(), *gc.get_threshold())"
+    new, forked = _both([sys.executable, "-c", code])
+    enabled, frozen, *thresholds = forked.stdout.split()
+    assert new.stdout.split()[:2] == ["True", "0"]
+    assert enabled == "True", forked.stdout
+    assert int(frozen) > 50_000, forked.stdout
+    assert thresholds == new.stdout.split()[2:]
