@@ -31,6 +31,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.enable()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if nextitem is None:
+        # The process's last test, before the session's fixtures drop the test database: with
+        # full passes rare, a connection a test left in a reference cycle could still be open
+        # ("database ... is being accessed by other users", seen once at a worker's end).
+        gc.collect()
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
