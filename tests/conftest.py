@@ -17,17 +17,19 @@ XDIST_GROUPS = {"browser": "browser", "cluster_url": "redis-cluster"}
 
 # The suite is CPU-bound on two cores, and a tenth of an xdist worker's CPU went to the cyclic
 # collector walking what lives the whole run: pytest, Django, hypothesis and every test module
-# (~200,000 objects). So no pass while the test modules are imported, then all of it frozen,
-# young passes every 10,000 allocations and a full pass every 100 middle ones (as a web worker's,
-# webserver/collector.py): a worker's collector CPU in a run went from 3-8 s to under 2 s.
+# (~200,000 objects). So no pass while the test modules are imported, then all of it frozen
+# and full passes rare, as in a web worker (webserver.collector.settle), with young passes every
+# 10,000 allocations: a worker's collector CPU in a run went from 3-8 s to under 2 s.
 gc.disable()
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
+    from webserver.collector import settle
+
     gc.collect()
-    gc.freeze()
-    gc.set_threshold(10_000, 10, 100)
+    gc.set_threshold(10_000)
+    settle()
     gc.enable()
 
 
