@@ -25,8 +25,13 @@ gc.disable()
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
+    import hypothesis  # noqa: F401 - its entry points run now (see below)
+
     from webserver.collector import settle
 
+    # Imported before the freeze: on import Hypothesis registers trio's PRNG (an entry point),
+    # and it checks that PRNG's referrers with gc.get_referrers, which cannot see frozen objects
+    # (a run of a few files, where nothing imported Hypothesis yet, warned that it could not).
     gc.collect()
     gc.set_threshold(10_000)
     settle()
