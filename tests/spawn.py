@@ -41,17 +41,23 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Libraries every coordinator process imports, none of which reads the environment or starts a
 # thread when imported (prometheus_client reads PROMETHEUS_MULTIPROC_DIR on import: not here).
+# Also what the project's processes import later, found by py-spy over a whole run: httpcore,
+# which httpx imports when a client opens its first transport and which then imports trio
+# (selenium's, with the dev requirements) in every member, CLI and command that speaks HTTP;
+# DRF's optional yaml, and django.test (drf-spectacular imports DRF's test client), in every
+# coordinator process; gevent, which the coordinator's modules import outside gunicorn too.
+# A web worker's app load went from ~0.26 to ~0.14 CPU-s with these.
 PRELOAD = (
     "django.core.management", "django.db.models", "django.http", "django.urls",
     "django.contrib.admin", "django.contrib.admin.sites", "django.contrib.admin.filters",
     "django.template.defaulttags", "django.template.defaultfilters", "django.views.generic.base",
-    "django.utils.log", "django.core.serializers.json", "rest_framework",
-    "psycopg", "redis", "httpx", "dj_database_url", "importlib.metadata",
+    "django.utils.log", "django.core.serializers.json", "django.test", "rest_framework",
+    "psycopg", "redis", "httpx", "httpcore", "yaml", "gevent", "dj_database_url", "importlib.metadata",
 )
 GUNICORN_PRELOAD = ("gunicorn.app.wsgiapp", "gunicorn.arbiter", "gunicorn.config")
 # Environment the preloaded imports (or the interpreter's start) read: a request that sets any
 # of these differently from the zygote goes to subprocess.
-_READ_AT_START = ("PYTHON", "PSYCOPG_", "OTEL_", "REDIS_PY", "HTTPX_")
+_READ_AT_START = ("PYTHON", "PSYCOPG_", "OTEL_", "REDIS_PY", "HTTPX_", "GEVENT")
 _PER_CHILD = {"PYTHONPATH", "PYTHONUNBUFFERED"}
 _ALLOWED_KWARGS = {"cwd", "env", "stdin", "stdout", "stderr", "text", "universal_newlines",
                    "encoding", "errors", "start_new_session", "bufsize", "close_fds"}

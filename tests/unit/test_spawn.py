@@ -84,6 +84,7 @@ def test_what_only_a_new_interpreter_reproduces_goes_to_subprocess():
         spawn.Popen(["true"]),
         spawn.Popen([sys.executable, "-c", "import gevent"]),
         spawn.Popen([sys.executable, "-c", "pass"], env={**os.environ, "PYTHONHASHSEED": "1"}),
+        spawn.Popen([sys.executable, "-c", "pass"], env={**os.environ, "GEVENT_RESOLVER": "block"}),
         spawn.Popen([sys.executable, "-m", "gunicorn", "--version"], stdout=subprocess.DEVNULL),
     ]
     # What the zygote cannot honour, asked for by an argument.
@@ -149,3 +150,18 @@ def test_a_forked_child_starts_with_the_zygotes_libraries_frozen_and_the_collect
     assert enabled == "True", forked.stdout
     assert int(frozen) > 50_000, forked.stdout
     assert thresholds == new.stdout.split()[2:]
+
+
+def test_a_forked_child_finds_what_httpx_drf_and_gevent_import_later_already_loaded():
+    """Decision 0019, seventh round: httpx imports httpcore (and with it trio, when installed)
+    at a client's first transport, DRF imports yaml and drf-spectacular django.test, and the
+    coordinator's modules import gevent: each child did that again (~0.1 CPU-s a web worker).
+    A new interpreter has none of them; a forked child has them all before it imports anything."""
+    # (A `-c` naming gevent goes to subprocess: the zygote would not patch as it asks.)
+    code = "import sys; print(*(m in sys.modules for m in ('httpcore', 'yaml', 'django.test', 'gev' + 'ent')))"
+    new, forked = _both([sys.executable, "-c", code])
+    proc = spawn.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
+    assert type(proc) is not subprocess.Popen
+    assert proc.wait(30) == 0
+    assert new.stdout.split() == ["False"] * 4
+    assert forked.stdout.split() == ["True"] * 4, forked.stderr
