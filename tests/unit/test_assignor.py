@@ -51,13 +51,18 @@ def scenarios(
 ) -> tuple[list[str], list[str], dict[str, str | None]]:
     """Live members, shards, and a messy previous target (dead members, unknown shards,
     None values, partial coverage, arbitrarily unbalanced)."""
+    # Every strategy drawn from here is built from hashable arguments, so Hypothesis builds and
+    # validates it once; one built from this example's lists (a filter closing over them,
+    # sampled_from a fresh list) was built, validated and its lambda parsed for every example:
+    # that was half of this file's CPU.
     members = draw(st.lists(member_ids, unique=True, max_size=max_members))
     shards = draw(st.lists(shard_ids, unique=True, max_size=max_shards))
-    dead = draw(st.lists(member_ids.filter(lambda m: m not in members), max_size=3))
-    gone = draw(st.lists(shard_ids.filter(lambda s: s not in shards), max_size=3))
-    owners = st.sampled_from([*members, *dead, None]) if members or dead else st.none()
-    keys = draw(st.lists(st.sampled_from(shards + gone), unique=True)) if shards + gone else []
-    previous = {key: draw(owners) for key in keys}
+    dead = [m for m in draw(st.lists(member_ids, max_size=3)) if m not in members]
+    gone = [s for s in draw(st.lists(shard_ids, max_size=3)) if s not in shards]
+    owners = [*members, *dead, None]
+    pool = shards + gone
+    keys = [pool[i] for i in draw(st.lists(st.integers(0, len(pool) - 1), unique=True))] if pool else []
+    previous = {key: owners[draw(st.integers(0, len(owners) - 1))] for key in keys}
     return members, shards, previous
 
 
