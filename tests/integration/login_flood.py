@@ -18,11 +18,11 @@ import time
 
 import httpx
 
+from dataplane.transport import tls_context
+
 MODE = sys.argv[5] if len(sys.argv) > 5 else "post"
 ANSWERED_BEFORE_START = 4
-# One TLS context for the 60 clients (the URL is plain http): httpx builds one per transport
-# otherwise, ~37 ms of CPU each to load the CA bundle.
-TLS = httpx.create_ssl_context()
+TLS = tls_context()  # one for the 60 clients (plain http), not one per transport
 
 
 async def _client(url: str, source: str, stop: asyncio.Event, stats: dict[str, int], ready: list[str]) -> None:

@@ -37,10 +37,11 @@ BURST, RATE = 20, 2.0  # the defaults (AUTH_FAILURE_BURST_PER_IP, AUTH_FAILURE_R
 FLOOD = """
 import json, sys, threading, time, uuid
 import httpx
+from dataplane.transport import tls_context
 url, path, seconds, threads = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 counts, lock = {}, threading.Lock()
 end = time.monotonic() + seconds
-TLS = httpx.create_ssl_context()  # one for the threads' clients (plain http: never used)
+TLS = tls_context()  # one for the threads' clients (plain http), not one per transport
 def run():
     # From 127.0.0.2: the attacker's address is not the member's (Linux routes all of 127/8).
     with httpx.Client(base_url=url, timeout=10, transport=httpx.HTTPTransport(local_address="127.0.0.2", verify=TLS)) as c:
