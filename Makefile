@@ -12,18 +12,20 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
 .PHONY: install run test lint docs-api bench bench-heartbeat bench-dataplane bench-describe
 
-# uv (pinned in requirements-dev.txt) installs the pinned requirements: ~5 s where pip took
-# ~25 s of a clean clone's `make test`; pip does it where uv cannot be had or fails. uv reads
-# pip's PIP_INDEX_URL and PIP_EXTRA_INDEX_URL (a mirror) as its own. --compile-bytecode (all
-# of site-packages) as pip does: where PYTHONDONTWRITEBYTECODE is set, nothing else writes the
-# libraries' bytecode, and every process the suite starts would compile Django again.
+# uv (pinned in requirements-dev.txt) installs the pinned requirements, pip among them: ~5 s
+# where pip took ~25 s of a clean clone's `make test`. The interpreter's own pip puts uv in a
+# venv made without pip (ensurepip took ~6 s); where that fails, ensurepip and pip do it all.
+# uv reads pip's PIP_INDEX_URL and PIP_EXTRA_INDEX_URL (a mirror) as its own. --compile-bytecode
+# (all of site-packages, ~8 s) as pip does: left to each module's first import, the suite's
+# first processes compiled the same libraries side by side (one clean-clone run: 584 busy
+# CPU-s against ~500).
 UV = env $${PIP_INDEX_URL:+UV_INDEX_URL="$$PIP_INDEX_URL"} \
 	$${PIP_EXTRA_INDEX_URL:+UV_EXTRA_INDEX_URL="$$PIP_EXTRA_INDEX_URL"} $(VENV)/bin/uv pip install -q --python $(PY)
 $(VENV)/.installed: requirements.txt requirements-dev.txt
-	$(PYTHON) -m venv $(VENV)
-	($(VENV)/bin/pip install -q "$$(grep -m1 '^uv==' requirements-dev.txt)" \
+	$(PYTHON) -m venv --without-pip $(VENV)
+	($(PYTHON) -m pip --python $(PY) install -q "$$(grep -m1 '^uv==' requirements-dev.txt)" \
 		&& $(UV) --compile-bytecode -r requirements-dev.txt) \
-		|| $(VENV)/bin/pip install -q -r requirements-dev.txt
+		|| ($(PY) -m ensurepip --default-pip > /dev/null && $(VENV)/bin/pip install -q -r requirements-dev.txt)
 	touch $@
 
 # The member library, editable: `rsc-dataplane` and `python -m dataplane` work from any
