@@ -184,7 +184,15 @@ def test_i24_7_dataplane_install_block_runs_in_a_fresh_virtualenv(tmp_path: Path
     that has nothing else: the console script and the package work from another directory."""
     code = next(code for _lang, code in run_blocks("dataplane/README.md") if code.startswith("pip install"))
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # A venv with pip and nothing else, as `python -m venv` makes, by uv (the dev requirements')
+    # from its cache with the pip make install pinned: ensurepip cost ~5 CPU-s, this ~0.3.
+    uv = str(Path(sys.executable).with_name("uv"))
+    pip = next(line.strip() for line in (ROOT / "requirements-dev.txt").read_text().splitlines()
+               if line.startswith("pip=="))
+    mirror = {f"UV_{k[4:]}": os.environ[k] for k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL") if k in os.environ}
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True, timeout=120)
+    subprocess.run([uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), pip],
+                   env={**os.environ, **mirror}, check=True, timeout=120)
     env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
     wheels = tmp_path / "wheels"
