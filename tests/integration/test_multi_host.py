@@ -452,7 +452,7 @@ def test_i23_8_three_hosts_keep_r9_and_epochs_and_converge_under_churn(hosts: li
         assert run.events["leave"] > 0, run.events
         assert run.events["temporary leave"] > 0, run.events
         assert run.events["host restarted"] == 1
-        assert codes["NONE"] > 1_000, codes  # ~4,000 on a quiet machine
+        assert codes["NONE"] > 1_000, codes  # ~3,500 in a run alone (3,546 on 2026-12-07)
         assert len({e.host for e in exchanges}) == HOSTS
         assert samples["db"] > 100, samples
         assert samples["sweeps"] > 10, samples  # every 0.3 s, slower on a loaded machine
