@@ -6,6 +6,7 @@ Every process it starts is tracked by pid (and start time, against pid reuse) fr
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -132,7 +133,13 @@ class Run:
             if time.monotonic() > deadline:
                 self.proc.kill()
                 pytest.fail(f"the supervisor did not exit within {timeout:.0f} s\n{self.text()}")
-            self.read()
+            if self.proc.stdout is None or self.proc.stdout.closed:
+                # Nothing to read (the test closed it): wait on the process itself. read() returns
+                # at once then, and this loop spun a core while the run stopped.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(0.2)
+            else:
+                self.read()
         return self.proc.returncode
 
     def close(self) -> None:
