@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from groups.services import create_api_key, create_group, create_stream
-from tests.integration.conftest import free_port
+from tests.integration.conftest import refused_port
 
 from .cli import one_line, run_cli
 from .conftest import World
@@ -70,9 +70,9 @@ def test_cli_consume_misconfigured_fails_at_start_with_one_line_and_exit_2_or_3(
     assert "HTTP 404 GROUP_ID_NOT_FOUND" in line
 
     # Redis unreachable: exit 3, one line naming the URL (password redacted).
-    port = free_port()
-    out = run_cli(consume(world, key=world.group_key,
-                          redis_url=f"redis://:secret@127.0.0.1:{port}/0"), tmp_path)
+    with refused_port() as port:
+        out = run_cli(consume(world, key=world.group_key,
+                              redis_url=f"redis://:secret@127.0.0.1:{port}/0"), tmp_path)
     line = one_line(out)
     assert out.returncode == 3, out.stderr
     assert line.startswith(f"error: cannot reach Redis at redis://:***@127.0.0.1:{port}/0:"), line
@@ -84,9 +84,10 @@ def test_cli_consume_misconfigured_fails_at_start_with_one_line_and_exit_2_or_3(
     assert one_line(out).startswith("error: bad Redis URL"), out.stderr
 
     # Coordinator unreachable: exit 3.
-    out = run_cli(["consume", "--coordinator", f"http://127.0.0.1:{free_port()}",
-                   "--group", world.group, "--api-key", world.group_key, "--redis", world.redis_url,
-                   "--handler", "myhandler:handle"], tmp_path)
+    with refused_port() as port:
+        out = run_cli(["consume", "--coordinator", f"http://127.0.0.1:{port}",
+                       "--group", world.group, "--api-key", world.group_key, "--redis", world.redis_url,
+                       "--handler", "myhandler:handle"], tmp_path)
     assert out.returncode == 3
     assert one_line(out).startswith("error: cannot reach the coordinator at http://127.0.0.1:")
 
@@ -121,8 +122,9 @@ def test_cli_produce_route_and_key_sources_fail_clearly_and_read_json_lines(worl
                    "--api-key", world.stream_key, "k"], tmp_path)
     assert out.returncode == 2
     assert one_line(out).startswith("error: stream 'nope' does not exist on the coordinator")
-    out = run_cli(["produce", *base, "--redis", f"redis://127.0.0.1:{free_port()}/0",
-                   "--api-key", world.stream_key, "--key", "k", "a=1"], tmp_path)
+    with refused_port() as port:
+        out = run_cli(["produce", *base, "--redis", f"redis://127.0.0.1:{port}/0",
+                       "--api-key", world.stream_key, "--key", "k", "a=1"], tmp_path)
     assert out.returncode == 3
     assert one_line(out).startswith("error: cannot reach Redis")
 

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.test import override_settings
 from rest_framework.test import APIClient
 
-from .conftest import GroupFixture, Hb, free_port, group_on_fresh_stream
+from .conftest import GroupFixture, Hb, group_on_fresh_stream, refused_port
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
 
@@ -78,7 +78,7 @@ def test_describe_api_shows_shards_with_lag_pending_dlq_and_totals(api: APIClien
 def test_describe_api_with_redis_away_is_200_with_null_figures_and_the_reason(api: APIClient, fx: GroupFixture):
     hb = Hb(api, fx)
     _converge(hb, "a")
-    with override_settings(STREAM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", SHARD_STATS_SOCKET_TIMEOUT=0.2):
+    with refused_port() as port, override_settings(STREAM_REDIS_URL=f"redis://127.0.0.1:{port}/0", SHARD_STATS_SOCKET_TIMEOUT=0.2):
         r = api.get(fx.url(""), HTTP_AUTHORIZATION=f"Bearer {fx.key}")
         assert r.status_code == 200
         doc = r.json()

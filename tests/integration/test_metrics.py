@@ -24,7 +24,7 @@ from groups.sweeps import run_all_sweeps
 from members.services import fence_member
 from tests import plain_http
 
-from .conftest import GroupFixture, Hb, free_port, make_group, running_gunicorn
+from .conftest import GroupFixture, Hb, make_group, refused_port, running_gunicorn
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
 
@@ -182,7 +182,7 @@ def test_readyz_checks_database_redis_and_sweep_lag(db: None):
 
 
 def test_readyz_redis_outage_is_degraded_not_unready(db: None):
-    with override_settings(REDIS_URL=f"redis://127.0.0.1:{free_port()}/0"):
+    with refused_port() as port, override_settings(REDIS_URL=f"redis://127.0.0.1:{port}/0"):
         started = time.monotonic()
         r = Client().get("/readyz")
     assert r.status_code == 200

@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 from groups import shardstats
 from members.models import Member
 
-from .conftest import GroupFixture, Hb, free_port
+from .conftest import GroupFixture, Hb, refused_port
 from .test_describe import _backlog, _converge, fx  # noqa: F401 - fixture
 from .test_metrics import metrics, value
 
@@ -45,7 +45,7 @@ def test_backlog_gauges_show_lag_pending_and_dlq_per_group_and_shard(api: APICli
 
 def test_backlog_gauges_are_left_out_when_redis_is_away(api: APIClient, fx: GroupFixture):  # noqa: F811
     shardstats.clear_cache()
-    with override_settings(STREAM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", SHARD_STATS_SOCKET_TIMEOUT=0.2):
+    with refused_port() as port, override_settings(STREAM_REDIS_URL=f"redis://127.0.0.1:{port}/0", SHARD_STATS_SOCKET_TIMEOUT=0.2):
         m = metrics(Client())
     assert value(m, "rsc_shard_stats_up", group=fx.group) == 0
     assert not any(name == "rsc_group_lag" and dict(labels)["group"] == fx.group for name, labels in m)

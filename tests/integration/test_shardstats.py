@@ -21,7 +21,7 @@ from groups.shardstats import read_shard_stats, shard_stats
 from tests.dataplane.conftest import cluster_url  # noqa: F401 - session fixture: a local cluster
 from tests.redis_keys import delete_keys
 
-from .conftest import GroupFixture, Hb, free_port
+from .conftest import GroupFixture, Hb, refused_port
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
 
@@ -137,7 +137,7 @@ def test_stale_figures_are_served_while_one_background_read_refreshes_them(r: re
 
 def test_redis_away_gives_null_figures_with_a_reason_and_heartbeats_still_work(hb: Hb, orders: GroupFixture):
     shardstats.clear_cache()
-    with override_settings(STREAM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", SHARD_STATS_SOCKET_TIMEOUT=0.2):
+    with refused_port() as port, override_settings(STREAM_REDIS_URL=f"redis://127.0.0.1:{port}/0", SHARD_STATS_SOCKET_TIMEOUT=0.2):
         stats = selectors.group_shard_stats(Group.objects.select_related("stream").get(name=orders.group))
         assert not stats.ok
         assert "ConnectionError" in (stats.error or "")
