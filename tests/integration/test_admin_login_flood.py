@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.needs_postgres]
 FLOOD_ADDRESSES = [f"127.0.0.{i}" for i in range(2, 12)]
 PER_ADDRESS = 6  # 60 concurrent login clients
 # Long enough for ~160 probe heartbeats behind the hashing (quiet machine, 2026-12-07: ~160
-# heartbeats, ~25 logins checked); the hashing takes both cores for as long as it runs, so a
+# heartbeats, ~20 logins checked); the hashing takes both cores for as long as it runs, so a
 # longer flood costs the suite CPU and proves nothing more (20 s: 40 CPU-s for the test; 8 s:
 # 25). Before the fix one heartbeat waited seconds behind the hashing: p50, not only p99.
 FLOOD_SECONDS = 5.0
