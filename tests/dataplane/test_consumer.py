@@ -19,6 +19,7 @@ from dataplane import (
 )
 from dataplane.protocol import instance_replaced_reason
 from dataplane.routing import ShardKeys
+from tests.ports import refused_port
 
 from .conftest import routing_doc, version_doc, wait_until
 
@@ -197,14 +198,10 @@ def test_r1s_replaced_static_consumer_aborts_and_run_raises_instead_of_rejoining
 
 
 def test_redis_unreachable_at_start_is_fatal(coordinator) -> None:
-    import socket
-
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    c = Consumer(coordinator.url, "g", "k", lambda m: None, redis_url=f"redis://127.0.0.1:{port}/0")
-    t, raised = _run_in_thread(c)
-    t.join(30)
+    with refused_port() as port:
+        c = Consumer(coordinator.url, "g", "k", lambda m: None, redis_url=f"redis://127.0.0.1:{port}/0")
+        t, raised = _run_in_thread(c)
+        t.join(30)
     assert not t.is_alive()
     assert len(raised) == 1
     assert isinstance(raised[0], RedisUnavailableError)

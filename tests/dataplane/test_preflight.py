@@ -4,8 +4,6 @@ coordinator: which problem gets exit 2 (refused) and which exit 3 (unreachable),
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from dataplane.preflight import (
@@ -17,12 +15,7 @@ from dataplane.preflight import (
     redact,
     stream_routing,
 )
-
-
-def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.ports import refused_port
 
 
 def refusal(fn, *args) -> PreflightError:
@@ -34,8 +27,8 @@ def refusal(fn, *args) -> PreflightError:
 
 def test_redis_unreachable_is_exit_3_and_misconfigured_redis_exit_2(redis_url) -> None:
     check_redis(redis_url)  # reachable: no error
-    port = unused_port()
-    err = refusal(check_redis, f"redis://user:pw@127.0.0.1:{port}/0")
+    with refused_port() as port:
+        err = refusal(check_redis, f"redis://user:pw@127.0.0.1:{port}/0")
     assert err.exit_code == EXIT_UNREACHABLE
     assert str(err).startswith(f"cannot reach Redis at redis://user:***@127.0.0.1:{port}/0: ")
     assert refusal(check_redis, f"redis://127.0.0.1:{port}/0", True).exit_code == EXIT_UNREACHABLE
@@ -56,7 +49,8 @@ def test_coordinator_refusals_are_exit_2_and_unreachable_exit_3(coordinator) -> 
     assert err.exit_code == EXIT_CONFIG
     assert str(err) == (f"group 'nope' does not exist on the coordinator at {coordinator.url} "
                         f"(HTTP 404 NOT_FOUND: /api/v1/groups/nope)")
-    err = refusal(stream_routing, f"http://127.0.0.1:{unused_port()}", "k", "orders")
+    with refused_port() as port:
+        err = refusal(stream_routing, f"http://127.0.0.1:{port}", "k", "orders")
     assert err.exit_code == EXIT_UNREACHABLE
     assert str(err).startswith("cannot reach the coordinator at http://127.0.0.1:")
     err = refusal(stream_routing, "ftp://x", "k", "orders")

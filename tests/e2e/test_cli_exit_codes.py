@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from groups.services import create_api_key, create_group, create_stream
-from tests.integration.conftest import refused_port
+from tests.ports import refused_port
 
 from .cli import one_line, run_cli
 from .conftest import World

@@ -140,21 +140,10 @@ def poll(predicate: Callable[[], bool], seconds: float, interval: float = 0.05) 
 
 def free_port() -> int:
     """A port free now, for a server the test starts: another xdist worker's server may take it
-    first (start_gunicorn checks). For "nothing listens there", `refused_port`."""
+    first (start_gunicorn checks). For "nothing listens there", `tests.ports.refused_port`."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def refused_port() -> Iterator[int]:
-    """A loopback port where a connection is refused for as long as this lasts: bound, never
-    listening, so no other process can listen there meanwhile. A port that was merely free
-    was taken once by another xdist worker's coordinator, and a CLI run meant to find no
-    coordinator found one that answered 404 (seen 2026-12-07)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        yield s.getsockname()[1]
 
 
 def live_database_url() -> str:

@@ -13,7 +13,9 @@ from django.core.management import call_command
 from django.test import override_settings
 from rest_framework.test import APIClient
 
-from .conftest import GroupFixture, Hb, group_on_fresh_stream, refused_port
+from tests.ports import refused_port
+
+from .conftest import GroupFixture, Hb, group_on_fresh_stream
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
 

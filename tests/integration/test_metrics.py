@@ -23,8 +23,9 @@ from groups.models import SweepRun
 from groups.sweeps import run_all_sweeps
 from members.services import fence_member
 from tests import plain_http
+from tests.ports import refused_port
 
-from .conftest import GroupFixture, Hb, make_group, refused_port, running_gunicorn
+from .conftest import GroupFixture, Hb, make_group, running_gunicorn
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
 

@@ -10,8 +10,9 @@ from rest_framework.test import APIClient
 
 from groups import shardstats
 from members.models import Member
+from tests.ports import refused_port
 
-from .conftest import GroupFixture, Hb, refused_port
+from .conftest import GroupFixture, Hb
 from .test_describe import _backlog, _converge, fx  # noqa: F401 - fixture
 from .test_metrics import metrics, value
 

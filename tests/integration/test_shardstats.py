@@ -19,9 +19,10 @@ from groups import selectors, shardstats
 from groups.models import Group
 from groups.shardstats import read_shard_stats, shard_stats
 from tests.dataplane.conftest import cluster_url  # noqa: F401 - session fixture: a local cluster
+from tests.ports import refused_port
 from tests.redis_keys import delete_keys
 
-from .conftest import GroupFixture, Hb, refused_port
+from .conftest import GroupFixture, Hb
 
 pytestmark = [pytest.mark.needs_postgres, pytest.mark.django_db(transaction=True, databases=["default", "liveness"])]
 
