@@ -97,7 +97,12 @@ class Run:
         self.output = b""
 
     def read(self, seconds: float = 0.2) -> None:
+        """What the run wrote within `seconds`; with its stdout closed by the test, waits on the
+        process as long instead (returning at once, a loop that read until the exit spun a core
+        while the run it measures was stopping)."""
         if self.proc.stdout is None or self.proc.stdout.closed:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(seconds)
             return
         with selectors.DefaultSelector() as sel:
             sel.register(self.proc.stdout, selectors.EVENT_READ)
@@ -133,13 +138,7 @@ class Run:
             if time.monotonic() > deadline:
                 self.proc.kill()
                 pytest.fail(f"the supervisor did not exit within {timeout:.0f} s\n{self.text()}")
-            if self.proc.stdout is None or self.proc.stdout.closed:
-                # Nothing to read (the test closed it): wait on the process itself. read() returns
-                # at once then, and this loop spun a core while the run stopped.
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(0.2)
-            else:
-                self.read()
+            self.read()
         return self.proc.returncode
 
     def close(self) -> None:
