@@ -11,8 +11,12 @@ import pytest
 
 # Tests that share something one machine has once run on one xdist worker (`make test` runs
 # with `--dist loadgroup`): the browser (its session fixture may apt-get install Chromium) and
-# the throw-away Redis Cluster (a session fixture: one cluster, not one per worker).
-XDIST_GROUPS = {"browser": "browser", "cluster_url": "redis-cluster"}
+# the throw-away Redis Cluster (a session fixture: one cluster, not one per worker). So do the
+# tests of a module fixture that is costly to build, which every worker that runs one of them
+# would build again: the 10,000-member group (~5 CPU-s) and the older release's database (a
+# migrate and a rollback, ~10 s of subprocesses).
+XDIST_GROUPS = {"browser": "browser", "cluster_url": "redis-cluster", "_big_copy": "describe-paging-big",
+                "older_release_template": "older-release-template"}
 
 
 # The suite is CPU-bound on two cores, and a tenth of an xdist worker's CPU went to the cyclic
