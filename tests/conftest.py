@@ -108,8 +108,9 @@ def _flush_only_tables_with_rows() -> Iterator[None]:
     after each of ~500 tests. Most tests leave a few rows in a handful of tables: emptying only
     those, and the small ones by DELETE (_flush_nonempty_sql), leaves the database as empty as
     before (no sequence reset either way), content types and permissions aside
-    (_REFERENCE_TABLES). A flush that resets sequences keeps Django's own statement. The flush's post_migrate signal then runs only if content types are gone (it
-    rewrites them and the permissions): ~40 SELECTs that find everything in place otherwise."""
+    (_REFERENCE_TABLES). A flush that resets sequences keeps Django's own statement. The
+    flush's post_migrate signal then runs only if content types are gone (it rewrites them and
+    the permissions): ~40 SELECTs that find everything in place otherwise."""
     from django.core.management.commands import flush
     from django.db import connections
     from django.db.backends.postgresql.operations import DatabaseOperations
