@@ -1,4 +1,5 @@
-"""Loopback ports for tests that need a place where nothing listens (no Django, no server)."""
+"""Loopback ports for the tests: a free one for a server a test starts, and one where nothing
+listens (no Django here: the data plane's tests use these too)."""
 from __future__ import annotations
 
 import contextlib
@@ -15,3 +16,11 @@ def refused_port() -> Iterator[int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         yield s.getsockname()[1]
+
+
+def free_port() -> int:
+    """A port free now, for a server the test starts: another xdist worker's server may take it
+    first (start_gunicorn checks). For "nothing listens there", `refused_port`."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -17,6 +17,7 @@ from dataplane import Consumer, ConsumerStatus, Message
 from dataplane.routing import ShardKeys
 from tests import spawn
 from tests.member_http import get
+from tests.ports import free_port
 
 from .conftest import ROOT, version_doc, wait_until
 
@@ -100,14 +101,6 @@ def test_i25_3_cli_prints_the_status_as_one_json_line_on_sigusr1(
     assert st["owned_shards"] == ["orders:1:0", "orders:1:1"]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _status_cli(port: int) -> subprocess.CompletedProcess[str]:
     return spawn.run(
         [sys.executable, "-m", "dataplane", "status", "--metrics-port", str(port)],
@@ -123,7 +116,7 @@ def test_i25_3_healthz_and_the_status_command_turn_unhealthy_when_redis_is_unrea
     "Redis unreachable" and ``rsc-dataplane status`` prints it with exit 1 (0 while healthy;
     3 when no member answers on the port)."""
     coordinator.metadata = metadata(prefix)
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
          "no", "--dir", str(tmp_path)],

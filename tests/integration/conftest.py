@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from coordinator_project.process_state import PROCESS
 from dataplane.routing import ShardKeys
 from groups.services import create_api_key, create_group, create_stream
 from tests import plain_http, spawn
+from tests.ports import free_port
 from tests.redis_keys import delete_stream_keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,14 +136,6 @@ def poll(predicate: Callable[[], bool], seconds: float, interval: float = 0.05) 
             return False
         time.sleep(interval)
     return True
-
-
-def free_port() -> int:
-    """A port free now, for a server the test starts: another xdist worker's server may take it
-    first (start_gunicorn checks). For "nothing listens there", `tests.ports.refused_port`."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def live_database_url() -> str:
