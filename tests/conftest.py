@@ -51,11 +51,16 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         gc.collect()
 
 
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The XDIST_GROUPS group of a test: by a fixture it uses, or by its directory under tests/."""
+    names = set(getattr(item, "fixturenames", ())) | {item.nodeid.split("/")[1]}
+    return next((group for key, group in XDIST_GROUPS.items() if key in names), None)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        names = set(getattr(item, "fixturenames", ())) | {item.nodeid.split("/")[1]}
-        group = next((g for key, g in XDIST_GROUPS.items() if key in names), None)
+        group = xdist_group_of(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     if os.environ.get("DATABASE_URL", "").startswith("postgres"):

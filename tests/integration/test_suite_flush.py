@@ -41,7 +41,7 @@ def test_the_flush_deletes_small_tables_truncates_big_ones_and_leaves_every_tabl
     before = {t: _file_of(t) for t in filled}
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_flush_nonempty_sql(tables))
-    assert {t: _rows(t) for t in tables if _rows(t)} == {}
+    assert {t: n for t in tables if (n := _rows(t))} == {}
     # members_member (1,001 rows) and what references it (the shard assignments) got new files;
     # the small tables kept theirs: their rows were deleted.
     renewed = {t for t in filled if _file_of(t) != before[t]}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import XDIST_GROUPS
+from tests.conftest import XDIST_GROUPS, xdist_group_of
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -24,11 +24,8 @@ def test_every_grouped_fixture_is_still_defined_under_that_name():
 def test_every_collected_test_of_a_grouped_fixture_carries_its_group(request: pytest.FixtureRequest):
     wrong = []
     for item in request.session.items:
-        names = set(getattr(item, "fixturenames", ())) | {item.nodeid.split("/")[1]}
-        for key, group in XDIST_GROUPS.items():
-            if key in names:
-                marks = [m.kwargs.get("name", m.args[0] if m.args else None) for m in item.iter_markers("xdist_group")]
-                if group not in marks:
-                    wrong.append((item.nodeid, group, marks))
-                break
+        group = xdist_group_of(item)
+        marks = [m.kwargs.get("name", m.args[0] if m.args else None) for m in item.iter_markers("xdist_group")]
+        if group is not None and group not in marks:
+            wrong.append((item.nodeid, group, marks))
     assert wrong == []
